@@ -1,0 +1,85 @@
+// Element types of tensors, with their sizes, names and DLPack codes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <dlpack/dlpack.h>
+
+namespace flowstate {
+
+/// The element type of a Tensor.
+enum class DType : std::uint8_t {
+  kUInt8,
+  kInt8,
+  kUInt16,
+  kInt16,
+  kUInt32,
+  kInt32,
+  kUInt64,
+  kInt64,
+  kFloat32,
+  kFloat64,
+  kBool,
+};
+
+/// Size of one element in bytes.
+std::size_t dtype_size(DType t);
+/// Lower-case name: "uint8", "float32", ...
+std::string_view dtype_name(DType t);
+/// Parses a name produced by dtype_name; throws ConfigError (with `key`) for anything else.
+DType parse_dtype(std::string_view name, const std::string& key = "dtype");
+/// The DLPack description of `t`.
+DLDataType to_dlpack(DType t);
+
+/// The DType of a C++ arithmetic type.
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<std::uint8_t>() {
+  return DType::kUInt8;
+}
+template <>
+constexpr DType dtype_of<std::int8_t>() {
+  return DType::kInt8;
+}
+template <>
+constexpr DType dtype_of<std::uint16_t>() {
+  return DType::kUInt16;
+}
+template <>
+constexpr DType dtype_of<std::int16_t>() {
+  return DType::kInt16;
+}
+template <>
+constexpr DType dtype_of<std::uint32_t>() {
+  return DType::kUInt32;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::kInt32;
+}
+template <>
+constexpr DType dtype_of<std::uint64_t>() {
+  return DType::kUInt64;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::kInt64;
+}
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kFloat32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kFloat64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::kBool;
+}
+
+}  // namespace flowstate

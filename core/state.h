@@ -1,0 +1,52 @@
+// Node state and stamps (DESIGN.md §6). A stateful node keeps a small, plain, versioned state
+// struct; `snapshot()` copies it into an immutable NodeSnapshot. A Stamp is the list of
+// snapshots of every stateful node, taken when a batch was planned; when the consumer takes
+// that batch, its stamp *is* the pipeline's state.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cereal/archives/portable_binary.hpp>
+
+namespace flowstate {
+
+/// The archive node states are written to: cereal's portable binary (fixed endianness).
+using OutArchive = cereal::PortableBinaryOutputArchive;
+/// The archive node states are read from.
+using InArchive = cereal::PortableBinaryInputArchive;
+
+/// An immutable copy of one node's state. Thread-safe (immutable).
+class NodeSnapshot {
+ public:
+  virtual ~NodeSnapshot() = default;
+  /// Writes the state; the node's `restore` reads exactly what this writes.
+  virtual void save(OutArchive& ar) const = 0;
+};
+
+/// A snapshot holding a copy of a node's state struct `S` (which has a cereal `serialize`).
+template <class S>
+class StateSnapshot final : public NodeSnapshot {
+ public:
+  explicit StateSnapshot(S state) : state_(std::move(state)) {}
+  void save(OutArchive& ar) const override { ar(state_); }
+  const S& state() const { return state_; }
+
+ private:
+  S state_;
+};
+
+/// The snapshots of every stateful node, in pipeline order, taken together. Immutable and
+/// shared by every batch planned from the same cut.
+struct StampData {
+  std::vector<std::string> node_names;                         ///< one per snapshot
+  std::vector<std::shared_ptr<const NodeSnapshot>> snapshots;  ///< pipeline order
+};
+using Stamp = std::shared_ptr<const StampData>;
+
+/// Serializes a stamp: per node, its name then its state.
+std::string serialize_stamp(const StampData& stamp);
+
+}  // namespace flowstate

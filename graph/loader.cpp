@@ -1,0 +1,330 @@
+#include "graph/loader.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include "core/error.h"
+#include "core/hash.h"
+#include "graph/spine.h"
+
+namespace flowstate {
+
+namespace flow = oneapi::tbb::flow;
+
+namespace {
+
+/// A planned batch travelling through the graph, or the end marker, or a spine error.
+struct PlanMsg {
+  std::uint64_t seq = 0;
+  std::shared_ptr<BatchPlan> plan;  // shared_ptr: TBB buffers copy messages
+  std::exception_ptr error;
+  bool end = false;
+};
+
+/// A finished batch (or end / error) in sequence order.
+struct ItemMsg {
+  std::uint64_t seq = 0;
+  std::shared_ptr<Batch> batch;
+  std::exception_ptr error;
+  bool end = false;
+};
+
+int assembly_workers(const Pipeline& p, const LoaderOptions& o) {
+  if (o.workers) return std::max(1, *o.workers);
+  int w = p.workers();
+  for (const auto& n : p.nodes())
+    if (n.workers) w = std::max(w, *n.workers);
+  return w;
+}
+
+std::size_t prefetch_depth(const Pipeline& p, const LoaderOptions& o) {
+  if (o.prefetch) return std::max<std::size_t>(1, *o.prefetch);
+  for (const auto& n : p.nodes())
+    if (n.kind == NodeSpec::Kind::kPrefetch) return n.prefetch.depth;
+  return 2;
+}
+
+}  // namespace
+
+/// One running instance of the graph: spine, TBB nodes and the consumer queue.
+class Loader::Runtime {
+ public:
+  Runtime(const Pipeline& pipeline, const LoaderOptions& options)
+      : spine_(pipeline, options.epochs),
+        workers_(assembly_workers(pipeline, options)),
+        depth_(prefetch_depth(pipeline, options)),
+        // Enough TBB threads for the workers plus the serial input and output nodes, also on
+        // small machines where the default pool would starve the graph.
+        control_(oneapi::tbb::global_control::max_allowed_parallelism,
+                 std::max<std::size_t>(std::thread::hardware_concurrency(), workers_ + 2)),
+        arena_(workers_ + 1, 0) {
+    std::vector<SampleStage> sample_stages;
+    std::vector<BatchStage> batch_stages;
+    const auto& specs = pipeline.nodes();
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const auto& n = specs[i];
+      std::uint64_t key = hash_combine(pipeline.seed(), i);
+      if (n.kind == NodeSpec::Kind::kSampleMap) sample_stages.push_back({n.name, key, n.sample_fn});
+      if (n.kind == NodeSpec::Kind::kBatchMap) batch_stages.push_back({n.name, key, n.batch_fn});
+      if (n.kind == NodeSpec::Kind::kDeviceCopy) device_ = std::make_unique<DeviceCopy>(n.device);
+    }
+    auto pool = device_ ? device_->staging_pool() : BufferPool::host();
+    assembler_ = std::make_unique<BatchAssembler>(spine_.store(), spine_.source_name(),
+                                                  std::move(sample_stages), std::move(batch_stages),
+                                                  std::move(pool));
+  }
+
+  ~Runtime() { stop(); }
+
+  Spine& spine() { return spine_; }
+
+  /// Builds and starts the graph. The spine must be in its starting state.
+  void start() {
+    arena_.execute([&] {
+      graph_ = std::make_unique<flow::graph>();
+      input_ = std::make_unique<flow::input_node<PlanMsg>>(
+          *graph_, [this](oneapi::tbb::flow_control& fc) { return plan_next(fc); });
+      // Slots: batches being assembled, waiting for order, and waiting for the consumer.
+      limiter_ = std::make_unique<flow::limiter_node<PlanMsg>>(*graph_, depth_ + workers_);
+      work_ = std::make_unique<flow::function_node<PlanMsg, ItemMsg>>(
+          *graph_, static_cast<std::size_t>(workers_),
+          [this](const PlanMsg& m) { return assemble(m); });
+      order_ = std::make_unique<flow::sequencer_node<ItemMsg>>(
+          *graph_, [](const ItemMsg& m) { return static_cast<std::size_t>(m.seq); });
+      sink_ = std::make_unique<flow::function_node<ItemMsg, flow::continue_msg>>(
+          *graph_, flow::serial, [this](const ItemMsg& m) {
+            deliver(m);
+            return flow::continue_msg();
+          });
+      flow::make_edge(*input_, *limiter_);
+      flow::make_edge(*limiter_, *work_);
+      flow::make_edge(*work_, *order_);
+      flow::make_edge(*order_, *sink_);
+      input_->activate();
+    });
+    started_ = true;
+  }
+
+  bool started() const { return started_; }
+
+  /// Blocks until the next item in sequence order is ready and releases its limiter slot.
+  ItemMsg take() {
+    ItemMsg m;
+    {
+      std::unique_lock lock(mu_);
+      ready_.wait(lock, [&] { return !queue_.empty(); });
+      m = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    arena_.execute([&] { limiter_->decrementer().try_put(flow::continue_msg()); });
+    return m;
+  }
+
+  /// Stops the graph: no new batches are planned, work in flight is cancelled, and the
+  /// call returns when every graph task has finished.
+  void stop() {
+    if (!graph_) return;
+    stopping_.store(true);
+    arena_.execute([&] {
+      graph_->cancel();
+      graph_->wait_for_all();
+    });
+    // Nodes before the graph (their destructors touch it).
+    sink_.reset();
+    order_.reset();
+    work_.reset();
+    limiter_.reset();
+    input_.reset();
+    graph_.reset();
+  }
+
+ private:
+  PlanMsg plan_next(oneapi::tbb::flow_control& fc) {
+    if (done_ || stopping_.load()) {
+      fc.stop();
+      return {};
+    }
+    PlanMsg m;
+    m.seq = seq_++;
+    try {
+      std::optional<BatchPlan> plan = spine_.next();
+      if (plan) {
+        m.plan = std::make_shared<BatchPlan>(std::move(*plan));
+      } else {
+        m.end = true;
+        done_ = true;
+      }
+    } catch (...) {
+      try {
+        rethrow_with_node(std::current_exception(), "spine");
+      } catch (...) {
+        m.error = std::current_exception();
+      }
+      done_ = true;
+    }
+    return m;
+  }
+
+  ItemMsg assemble(const PlanMsg& m) {
+    ItemMsg out;
+    out.seq = m.seq;
+    out.end = m.end;
+    out.error = m.error;
+    if (!m.plan || stopping_.load()) return out;
+    try {
+      out.batch = std::make_shared<Batch>(assembler_->assemble(std::move(*m.plan)));
+    } catch (...) {
+      out.error = std::current_exception();
+    }
+    return out;
+  }
+
+  void deliver(const ItemMsg& m) {
+    ItemMsg out = m;
+    if (device_ && out.batch && !stopping_.load()) {
+      try {
+        out.batch = std::make_shared<Batch>(device_->copy(std::move(*out.batch)));
+      } catch (...) {
+        try {
+          rethrow_with_node(std::current_exception(), "device_copy");
+        } catch (...) {
+          out.error = std::current_exception();
+          out.batch.reset();
+        }
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(out));
+    }
+    ready_.notify_one();
+  }
+
+  Spine spine_;
+  int workers_;
+  std::size_t depth_;
+  std::unique_ptr<DeviceCopy> device_;
+  std::unique_ptr<BatchAssembler> assembler_;
+
+  oneapi::tbb::global_control control_;
+  oneapi::tbb::task_arena arena_;
+  std::unique_ptr<flow::graph> graph_;
+  std::unique_ptr<flow::input_node<PlanMsg>> input_;
+  std::unique_ptr<flow::limiter_node<PlanMsg>> limiter_;
+  std::unique_ptr<flow::function_node<PlanMsg, ItemMsg>> work_;
+  std::unique_ptr<flow::sequencer_node<ItemMsg>> order_;
+  std::unique_ptr<flow::function_node<ItemMsg, flow::continue_msg>> sink_;
+
+  // Spine-side (input node, serial).
+  std::uint64_t seq_ = 0;
+  bool done_ = false;
+  std::atomic<bool> stopping_{false};
+  bool started_ = false;
+
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<ItemMsg> queue_;
+};
+
+Loader::Loader(Pipeline pipeline, LoaderOptions options)
+    : pipeline_(std::move(pipeline)),
+      options_(options),
+      canonical_(pipeline_.canonical()),
+      fingerprint_(fingerprint_of(canonical_)) {
+  runtime_ = std::make_unique<Runtime>(pipeline_, options_);
+  last_stamp_ = runtime_->spine().snapshot();
+}
+
+Loader::~Loader() = default;
+
+std::optional<Batch> Loader::next() {
+  if (error_) std::rethrow_exception(error_);
+  if (finished_) return std::nullopt;
+  if (!runtime_->started()) runtime_->start();
+  for (;;) {
+    ItemMsg m = runtime_->take();
+    if (m.error) {
+      error_ = m.error;
+      runtime_->stop();
+      std::rethrow_exception(error_);
+    }
+    if (m.end) {
+      finished_ = true;
+      runtime_->stop();
+      return std::nullopt;
+    }
+    if (!m.batch) continue;  // cancelled work (only while stopping)
+    Batch& b = *m.batch;
+    if (b.fence) {
+      b.fence->wait();
+      b.fence.reset();
+    }
+    last_stamp_ = b.stamp;
+    last_step_ = b.info.step;
+    last_epoch_ = b.info.epoch;
+    return std::move(b);
+  }
+}
+
+PipelineState Loader::state_struct() const {
+  PipelineState s;
+  s.fingerprint = fingerprint_;
+  s.canonical = canonical_;
+  s.last_step = last_step_;
+  s.last_epoch = last_epoch_;
+  s.skips = skips_.ranges;
+  s.spine = serialize_stamp(*last_stamp_);
+  return s;
+}
+
+std::string Loader::state() const { return state_struct().encode(); }
+
+void Loader::rebuild(const PipelineState& state) {
+  runtime_.reset();  // stop the old graph before opening a new one
+  auto rt = std::make_unique<Runtime>(pipeline_, options_);
+  rt->spine().restore(state.spine);
+  SkipRanges skips{state.skips};
+  rt->spine().set_skips(skips);
+  runtime_ = std::move(rt);
+  skips_ = std::move(skips);
+  last_stamp_ = runtime_->spine().snapshot();
+  last_step_ = state.last_step;
+  last_epoch_ = state.last_epoch;
+  error_ = nullptr;
+  finished_ = false;
+}
+
+void Loader::load_state(std::string_view bytes) {
+  PipelineState s = PipelineState::decode(bytes);
+  if (s.fingerprint != fingerprint_)
+    throw CheckpointError("state", "the state was saved by a pipeline whose output differs:\n" +
+                                       describe_mismatch(s.canonical, canonical_));
+  rebuild(s);
+}
+
+void Loader::skip(std::uint64_t first, std::uint64_t last) {
+  if (first > last)
+    throw ConfigError("skip", "skip range " + std::to_string(first) + ":" + std::to_string(last) +
+                                  " is reversed (first > last)");
+  if (last_step_ && first <= *last_step_)
+    throw ConfigError("skip", "skip range " + std::to_string(first) + ":" + std::to_string(last) +
+                                  " starts at or before step " + std::to_string(*last_step_) +
+                                  ", which was already delivered");
+  PipelineState s = state_struct();
+  SkipRanges skips{s.skips};
+  skips.add(first, last);
+  s.skips = skips.ranges;
+  // Re-plan from the last delivered batch: batches prepared ahead are discarded, so the
+  // skip and the is_last_in_epoch marks are exact.
+  rebuild(s);
+}
+
+}  // namespace flowstate

@@ -1,0 +1,117 @@
+// Loader: runs a Pipeline on a oneTBB flow graph and hands batches to the consumer.
+//
+//   Loader loader(pipeline, {.epochs = 2});
+//   for (const Batch& b : loader) train(b);
+//   std::string s = loader.state();   // resume point: after the last batch received
+//   Loader again(pipeline);  again.load_state(s);  // continues with the next batch, exactly
+//
+// The graph: a serial input node runs the spine (planning batches as Refs, stamping each with
+// the spine's state) → a limiter_node bounds the batches in flight → a function_node with
+// `workers` concurrency reads, maps and collates each batch into a pooled buffer → a
+// sequencer_node restores order → a serial node applies device_copy and hands the batch to
+// the consumer's queue. The consumer taking a batch releases a limiter slot. Nothing spins:
+// the consumer waits on a condition variable, the graph on the limiter.
+//
+// Thread-safety: a Loader is used from one consumer thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/batch.h"
+#include "graph/pipeline.h"
+#include "serialization/pipeline_state.h"
+
+namespace flowstate {
+
+/// Run parameters of a Loader. None of them changes the batches produced.
+struct LoaderOptions {
+  std::uint64_t epochs = 1;             ///< epochs to run; 0 runs forever
+  std::optional<int> workers;           ///< overrides the pipeline's batch-assembly workers
+  std::optional<std::size_t> prefetch;  ///< overrides the pipeline's prefetch depth
+};
+
+/// Consumes a Pipeline. See the file comment.
+class Loader {
+ public:
+  /// Opens the pipeline's sources (throws DataError / ConfigError). The graph starts on the
+  /// first call to next().
+  explicit Loader(Pipeline pipeline, LoaderOptions options = {});
+  /// Stops the graph and returns promptly, also mid-epoch; batches in flight are dropped.
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  /// The next batch, or nullopt after the last epoch. Rethrows a node's error (naming the
+  /// node) once every batch before the failing one was delivered; after an error every call
+  /// throws it again.
+  std::optional<Batch> next();
+
+  /// The state after the last batch returned by next() (or the initial/loaded state before
+  /// the first), encoded. O(stamp): takes no lock on the graph and never stalls it.
+  std::string state() const;
+  /// The same, decoded.
+  PipelineState state_struct() const;
+  /// Continues from an encoded state: the next batch is the one after the state's last
+  /// batch. Allowed at any time; batches in flight are discarded. Throws CheckpointError
+  /// when the state is corrupt or was saved by a pipeline whose output differs (naming what
+  /// differs).
+  void load_state(std::string_view state);
+  /// Drops the batches of steps [first, last] (inclusive) without reading their records;
+  /// later batches keep their step numbers. Ranges merge with earlier ones and are part of
+  /// the state. Throws ConfigError when first > last or when `first` was already delivered.
+  void skip(std::uint64_t first, std::uint64_t last);
+
+  const Pipeline& pipeline() const { return pipeline_; }
+  /// Step of the last delivered batch, if any.
+  std::optional<std::uint64_t> last_step() const { return last_step_; }
+
+  /// Input iterator over the remaining batches: `for (const Batch& b : loader)`.
+  class iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const Batch*;
+    using reference = const Batch&;
+    iterator() = default;
+    explicit iterator(Loader* loader) : loader_(loader) { ++*this; }
+    reference operator*() const { return *current_; }
+    pointer operator->() const { return &*current_; }
+    iterator& operator++() {
+      current_ = loader_->next();
+      if (!current_) loader_ = nullptr;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(const iterator& o) const { return loader_ == o.loader_; }
+
+   private:
+    Loader* loader_ = nullptr;
+    std::optional<Batch> current_;
+  };
+  iterator begin() { return iterator(this); }
+  iterator end() { return iterator(); }
+
+ private:
+  class Runtime;
+  void rebuild(const PipelineState& state);
+
+  Pipeline pipeline_;
+  LoaderOptions options_;
+  std::vector<CanonicalParam> canonical_;
+  std::uint64_t fingerprint_ = 0;
+  std::unique_ptr<Runtime> runtime_;
+  Stamp last_stamp_;
+  std::optional<std::uint64_t> last_step_;
+  std::optional<std::uint64_t> last_epoch_;
+  SkipRanges skips_;
+  std::exception_ptr error_;
+  bool finished_ = false;
+};
+
+}  // namespace flowstate

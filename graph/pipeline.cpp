@@ -1,0 +1,172 @@
+#include "graph/pipeline.h"
+
+#include <map>
+
+#include "core/error.h"
+#include "core/hash.h"
+
+namespace flowstate {
+
+std::vector<CanonicalParam> Pipeline::canonical() const {
+  std::vector<CanonicalParam> out{{"seed", std::to_string(seed_)}};
+  for (const auto& n : nodes_) {
+    out.emplace_back(n.name, n.description.type);
+    for (const auto& p : n.description.params)
+      if (!p.free) out.emplace_back(n.name + "." + p.key, p.value);
+  }
+  return out;
+}
+
+std::string Pipeline::describe() const {
+  std::string s =
+      "seed: " + std::to_string(seed_) + "\nworkers: " + std::to_string(workers_) + " (free)\n";
+  for (std::size_t i = 0; i < nodes_.size(); ++i) {
+    const auto& n = nodes_[i];
+    s += "[" + std::to_string(i) + "] " + n.name + ": " + n.description.type + "\n";
+    for (const auto& p : n.description.params)
+      s += "      " + p.key + ": " + p.value + (p.free ? " (free)" : "") + "\n";
+  }
+  return s;
+}
+
+Pipeline::Builder& Pipeline::Builder::seed(std::uint64_t seed) {
+  p_.seed_ = seed;
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::workers(int workers) {
+  if (workers < 1) throw ConfigError("workers", "workers must be at least 1");
+  p_.workers_ = workers;
+  return *this;
+}
+
+NodeSpec& Pipeline::Builder::add(NodeSpec::Kind kind, NodeDescription description) {
+  int same = 0;
+  for (const auto& n : p_.nodes_) same += n.description.type == description.type;
+  NodeSpec spec{kind,
+                same == 0 ? description.type : description.type + "#" + std::to_string(same + 1),
+                std::move(description)};
+  p_.nodes_.push_back(std::move(spec));
+  return p_.nodes_.back();
+}
+
+Pipeline::Builder& Pipeline::Builder::records(RecordsOptions options) {
+  NodeDescription d = options.describe();
+  return source(std::move(d), [options](const std::string& name, std::uint32_t id) {
+    auto node = std::make_unique<RecordsSource>(name, options, id);
+    const RecordStore* store = node.get();
+    return SourceParts{std::move(node), store};
+  });
+}
+
+Pipeline::Builder& Pipeline::Builder::source(NodeDescription description, SourceFactory factory) {
+  add(NodeSpec::Kind::kSource, std::move(description)).make_source = std::move(factory);
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::shard(ShardOptions options) {
+  ShardOptions r = options.resolved();  // validates now, with the environment of the builder
+  return spine(r.describe(), [r](const std::string& name, std::uint64_t) {
+    return std::make_unique<ShardNode>(name, r);
+  });
+}
+
+Pipeline::Builder& Pipeline::Builder::shuffle(ShuffleOptions options) {
+  if (options.mode == ShuffleMode::kBuffer && options.size == 0)
+    throw ConfigError("shuffle.size", "buffer size must be greater than zero");
+  return spine(options.describe(),
+               [options](const std::string& name, std::uint64_t key) -> std::unique_ptr<SpineNode> {
+                 std::uint64_t k = hash_combine(key, options.seed);
+                 if (options.mode == ShuffleMode::kGlobal)
+                   return std::make_unique<GlobalShuffleNode>(name, k);
+                 return std::make_unique<BufferShuffleNode>(name, k, options.size);
+               });
+}
+
+Pipeline::Builder& Pipeline::Builder::spine(NodeDescription description, SpineFactory factory) {
+  add(NodeSpec::Kind::kSpine, std::move(description)).make_spine = std::move(factory);
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::map(SampleFn fn, MapOptions options) {
+  if (!fn) throw ConfigError("map", "map needs a function");
+  if (options.workers && *options.workers < 1)
+    throw ConfigError("map.workers", "workers must be at least 1");
+  NodeSpec& n = add(NodeSpec::Kind::kSampleMap, options.describe());
+  n.sample_fn = std::move(fn);
+  n.workers = options.workers;
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::map_batch(BatchFn fn, MapOptions options) {
+  if (!fn) throw ConfigError("map", "map needs a function");
+  if (options.workers && *options.workers < 1)
+    throw ConfigError("map.workers", "workers must be at least 1");
+  NodeSpec& n = add(NodeSpec::Kind::kBatchMap, options.describe());
+  n.batch_fn = std::move(fn);
+  n.workers = options.workers;
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::batch(BatchOptions options) {
+  if (options.size == 0) throw ConfigError("batch.size", "batch size must be greater than zero");
+  add(NodeSpec::Kind::kBatch, options.describe()).batch = options;
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::prefetch(PrefetchOptions options) {
+  if (options.depth == 0) throw ConfigError("prefetch.depth", "prefetch depth must be at least 1");
+  add(NodeSpec::Kind::kPrefetch, options.describe()).prefetch = options;
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::device_copy(DeviceCopyOptions options) {
+  add(NodeSpec::Kind::kDeviceCopy, options.describe()).device = options;
+  return *this;
+}
+
+Pipeline Pipeline::Builder::build() const {
+  using K = NodeSpec::Kind;
+  const auto& nodes = p_.nodes_;
+  if (nodes.empty() || nodes.front().kind != K::kSource)
+    throw ConfigError("source", "a pipeline starts with a source");
+  // Phases must appear in order: source, spine, sample maps, batch, batch maps / prefetch /
+  // device_copy.
+  auto phase = [](K k) {
+    switch (k) {
+      case K::kSource:
+        return 0;
+      case K::kSpine:
+        return 1;
+      case K::kSampleMap:
+        return 2;
+      case K::kBatch:
+        return 3;
+      default:
+        return 4;
+    }
+  };
+  int sources = 0, batches = 0, last = 0;
+  for (const auto& n : nodes) {
+    sources += n.kind == K::kSource;
+    batches += n.kind == K::kBatch;
+    int ph = phase(n.kind);
+    if (ph < last) {
+      std::string why = n.kind == K::kSpine       ? "must come before any map and before batch"
+                        : n.kind == K::kSampleMap ? "(a per-sample map) must come before batch"
+                                                  : "is out of order";
+      throw ConfigError(n.name, "'" + n.name + "' " + why);
+    }
+    last = ph;
+  }
+  if (sources != 1) throw ConfigError("source", "a pipeline has exactly one source");
+  if (batches != 1) throw ConfigError("batch", "a pipeline needs exactly one batch node");
+  int copies = 0;
+  for (const auto& n : nodes) copies += n.kind == K::kDeviceCopy;
+  if (copies > 1) throw ConfigError("device_copy", "at most one device_copy");
+  if (copies == 1 && nodes.back().kind != K::kDeviceCopy)
+    throw ConfigError("device_copy", "device_copy must be the last node");
+  return p_;
+}
+
+}  // namespace flowstate

@@ -1,0 +1,109 @@
+// `shuffle`: reorders Refs, re-keyed every epoch from (seed, node, epoch).
+//
+// `global` applies a per-epoch Feistel bijection to the positions: a perfect shuffle with
+// O(1) state (epoch, cursor) and O(1) random access.
+//
+// `buffer` keeps a buffer of `size` positions; each output draws a slot with the counter-based
+// generator (draw k of epoch e is a pure function of seed, node, e, k), emits it and refills
+// the slot with the next input. Its state is the epoch, the number of draws, and a key-frame:
+// the buffer's contents taken every `size` draws (shared, never copied per batch). A restore
+// loads the key-frame and replays fewer than `size` draws — without reading any record —
+// so resuming costs the same wherever the checkpoint was taken. Key-frames are stored as
+// distances from the input cursor, in varints: about 2.5 bytes per slot.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/permutation.h"
+#include "nodes/node.h"
+#include "nodes/sources/records.h"
+
+namespace flowstate {
+
+enum class ShuffleMode : std::uint8_t { kGlobal, kBuffer };
+ShuffleMode parse_shuffle_mode(std::string_view s);
+
+/// Options of the `shuffle` node.
+struct ShuffleOptions {
+  ShuffleMode mode = ShuffleMode::kGlobal;  ///< global (Feistel) or buffer
+  std::uint64_t size = 16384;               ///< buffer mode: slots in the buffer, > 0
+  std::uint64_t seed = 0;  ///< mixed with the pipeline seed; change it to get another order
+  NodeDescription describe() const;
+};
+
+/// State of a global shuffle: the cursor in the epoch's permutation.
+using GlobalShuffleState = CursorState;
+
+/// The `global` shuffle. Needs a random-access upstream.
+class GlobalShuffleNode final : public StatefulSpineNode<GlobalShuffleState> {
+ public:
+  /// `key` identifies the node: derived from the pipeline seed, the node's position and
+  /// the option seed.
+  GlobalShuffleNode(std::string name, std::uint64_t key);
+  void connect(SpineNode* upstream) override;
+  std::uint64_t size(std::uint64_t epoch) const override { return upstream_->size(epoch); }
+  bool indexed() const override { return true; }
+  Ref at(std::uint64_t epoch, std::uint64_t i) const override;
+  void start_epoch(std::uint64_t epoch) override;
+  std::size_t pull(std::span<Ref> out) override;
+
+ protected:
+  void validate(const GlobalShuffleState& s) const override;
+  void on_restored() override;
+
+ private:
+  const FeistelPermutation& permutation(std::uint64_t epoch) const;
+  std::uint64_t key_;
+  mutable std::unique_ptr<FeistelPermutation> perm_;  ///< cached for perm_epoch_
+  mutable std::uint64_t perm_epoch_ = 0;
+};
+
+/// A key-frame of the buffer shuffle: the buffer after `draws` draws, as input positions.
+struct ShuffleKeyframe {
+  std::uint64_t draws = 0;
+  std::vector<std::uint64_t> slots;
+};
+
+/// State of a buffer shuffle.
+struct BufferShuffleState {
+  std::uint64_t epoch = 0;
+  std::uint64_t draws = 0;                          ///< Refs emitted in this epoch
+  std::shared_ptr<const ShuffleKeyframe> keyframe;  ///< null: the epoch's initial buffer
+
+  template <class Archive>
+  void save(Archive& ar, std::uint32_t version) const;
+  template <class Archive>
+  void load(Archive& ar, std::uint32_t version);
+};
+
+/// The `buffer` shuffle. Needs a random-access upstream.
+class BufferShuffleNode final : public StatefulSpineNode<BufferShuffleState> {
+ public:
+  BufferShuffleNode(std::string name, std::uint64_t key, std::uint64_t buffer_size);
+  void connect(SpineNode* upstream) override;
+  std::uint64_t size(std::uint64_t epoch) const override { return upstream_->size(epoch); }
+  void start_epoch(std::uint64_t epoch) override;
+  std::size_t pull(std::span<Ref> out) override;
+
+ protected:
+  void validate(const BufferShuffleState& s) const override;
+  void on_restored() override;
+
+ private:
+  /// Draws one position (advancing slots_/consumed_) for draw number `draw`.
+  std::uint64_t draw(std::uint64_t draw);
+  void reset_buffer(std::uint64_t epoch);
+
+  std::uint64_t key_;
+  std::uint64_t capacity_;
+  // Live buffer (derived state: rebuilt from the key-frame on restore).
+  std::vector<std::uint64_t> slots_;
+  std::uint64_t consumed_ = 0;  ///< inputs moved into the buffer so far this epoch
+  std::uint64_t epoch_key_ = 0;
+  std::uint64_t n_ = 0;  ///< inputs in this epoch
+};
+
+}  // namespace flowstate
+
+CEREAL_CLASS_VERSION(flowstate::BufferShuffleState, 1);

@@ -1,0 +1,74 @@
+#include "nodes/sources/mapped_file.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "core/error.h"
+
+namespace flowstate {
+
+MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw DataError(path_, DataError::kNoOffset,
+                    "cannot open '" + path_ + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw DataError(path_, DataError::kNoOffset,
+                    "cannot stat '" + path_ + "': " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw DataError(path_, DataError::kNoOffset, "'" + path_ + "' is not a regular file");
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      throw DataError(path_, DataError::kNoOffset,
+                      "cannot map '" + path_ + "': " + std::strerror(err));
+    }
+    // Records are read in shuffled order: tell the kernel not to read ahead.
+    ::madvise(p, size_, MADV_RANDOM);
+    data_ = static_cast<const std::byte*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& pattern : patterns) {
+    glob_t g{};
+    int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
+    std::vector<std::string> matches;
+    if (rc == 0) {
+      for (std::size_t i = 0; i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
+    }
+    ::globfree(&g);
+    if (matches.empty())
+      throw DataError(pattern, DataError::kNoOffset, "no file matches '" + pattern + "'");
+    std::sort(matches.begin(), matches.end());
+    for (auto& m : matches)
+      if (seen.insert(m).second) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace flowstate

@@ -1,0 +1,35 @@
+// A read-only memory mapping of a whole file. Errors name the file.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace flowstate {
+
+/// A file mapped read-only. Empty files map to no memory. Immutable and thread-safe.
+class MappedFile {
+ public:
+  /// Maps `path`; throws DataError naming the file when it cannot be opened or mapped.
+  explicit MappedFile(std::string path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::string path_;
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// Expands `patterns` (plain paths or globs): each pattern's matches in sorted order,
+/// patterns in the given order, duplicates dropped. Throws DataError naming a pattern that
+/// matches nothing. `key` is used in the error message.
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns);
+
+}  // namespace flowstate

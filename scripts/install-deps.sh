@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs flowstate's build and test dependencies from Debian's repositories.
+# Idempotent: packages already present are not touched. Runs apt-get directly as root,
+# through sudo otherwise. Set FLOWSTATE_DEPS_BENCH=1 to also install the side-by-side
+# comparison tools (LibTorch, python3-torch), which are large.
+set -euo pipefail
+
+pkgs=(build-essential cmake pkg-config git
+      libtbb-dev libcereal-dev libboost-dev libyaml-cpp-dev nlohmann-json3-dev
+      libxxhash-dev libdlpack-dev libgtest-dev libgmock-dev libbenchmark-dev
+      clang libclang-rt-14-dev libfuzzer-14-dev clang-format)
+if [[ "${FLOWSTATE_DEPS_BENCH:-0}" == 1 ]]; then
+  pkgs+=(libtorch-dev python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+echo "install-deps: installing ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update -q
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
