@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -24,6 +25,7 @@
 
 #include "core/batch.h"
 #include "graph/pipeline.h"
+#include "serialization/checkpoint.h"
 #include "serialization/pipeline_state.h"
 
 namespace flowstate {
@@ -65,6 +67,22 @@ class Loader {
   /// later batches keep their step numbers. Ranges merge with earlier ones and are part of
   /// the state. Throws ConfigError when first > last or when `first` was already delivered.
   void skip(std::uint64_t first, std::uint64_t last);
+
+  /// Writes the current state() as a checkpoint under `dir` (see serialization/checkpoint.h)
+  /// named by the number of steps consumed; returns the committed directory. Only file I/O
+  /// costs time: the state is the last delivered batch's stamp.
+  std::string save_checkpoint(const std::string& dir,
+                              const CheckpointWriteOptions& options = {}) const;
+  /// The same, with the file I/O on another thread: the state is captured now; wait on (or
+  /// get) the future before relying on the checkpoint.
+  std::future<std::string> save_checkpoint_async(const std::string& dir,
+                                                 CheckpointWriteOptions options = {}) const;
+  /// Continues from the newest checkpoint under `dir` that verifies (see
+  /// find_latest_checkpoint); returns what was loaded (path, step, and the newer checkpoints
+  /// that were skipped, with reasons), or nullopt when `dir` holds no valid checkpoint (the
+  /// loader is then unchanged). Throws CheckpointError when the newest valid checkpoint
+  /// belongs to a pipeline whose output differs.
+  std::optional<CheckpointFound> restore(const std::string& dir);
 
   const Pipeline& pipeline() const { return pipeline_; }
   /// Step of the last delivered batch, if any.
