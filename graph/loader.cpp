@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -20,6 +21,12 @@ namespace flowstate {
 namespace flow = oneapi::tbb::flow;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+std::uint64_t elapsed_ns(Clock::time_point t0) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
 
 /// A planned batch travelling through the graph, or the end marker, or a spine error.
 struct PlanMsg {
@@ -115,12 +122,31 @@ class Loader::Runtime {
 
   bool started() const { return started_; }
 
+  LoaderStats stats() const {
+    LoaderStats s;
+    s.stages = {{"spine", spine_items_.load(), spine_ns_.load(), 1},
+                {"assemble", work_items_.load(), work_ns_.load(), workers_},
+                {"deliver", deliver_items_.load(), deliver_ns_.load(), 1}};
+    s.consumer_waits = consumer_waits_;
+    s.consumer_wait_ns = consumer_wait_ns_;
+    s.graph_waits = graph_waits_;
+    s.in_flight_limit = depth_ + static_cast<std::size_t>(workers_);
+    return s;
+  }
+
   /// Blocks until the next item in sequence order is ready and releases its limiter slot.
   ItemMsg take() {
     ItemMsg m;
     {
       std::unique_lock lock(mu_);
-      ready_.wait(lock, [&] { return !queue_.empty(); });
+      if (queue_.empty()) {
+        ++consumer_waits_;
+        auto t0 = Clock::now();
+        ready_.wait(lock, [&] { return !queue_.empty(); });
+        consumer_wait_ns_ += elapsed_ns(t0);
+      } else if (queue_.size() >= depth_ + static_cast<std::size_t>(workers_)) {
+        ++graph_waits_;
+      }
       m = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -152,6 +178,15 @@ class Loader::Runtime {
       fc.stop();
       return {};
     }
+    auto t0 = Clock::now();
+    struct Count {
+      Runtime* rt;
+      Clock::time_point t0;
+      ~Count() {
+        rt->spine_ns_ += elapsed_ns(t0);
+        ++rt->spine_items_;
+      }
+    } count{this, t0};
     PlanMsg m;
     m.seq = seq_++;
     try {
@@ -179,6 +214,15 @@ class Loader::Runtime {
     out.end = m.end;
     out.error = m.error;
     if (!m.plan || stopping_.load()) return out;
+    auto t0 = Clock::now();
+    struct Count {
+      Runtime* rt;
+      Clock::time_point t0;
+      ~Count() {
+        rt->work_ns_ += elapsed_ns(t0);
+        ++rt->work_items_;
+      }
+    } count{this, t0};
     try {
       out.batch = std::make_shared<Batch>(assembler_->assemble(std::move(*m.plan)));
     } catch (...) {
@@ -188,6 +232,7 @@ class Loader::Runtime {
   }
 
   void deliver(const ItemMsg& m) {
+    auto t0 = Clock::now();
     ItemMsg out = m;
     if (device_ && out.batch && !stopping_.load()) {
       try {
@@ -206,6 +251,8 @@ class Loader::Runtime {
       queue_.push_back(std::move(out));
     }
     ready_.notify_one();
+    deliver_ns_ += elapsed_ns(t0);
+    ++deliver_items_;
   }
 
   Spine spine_;
@@ -232,7 +279,14 @@ class Loader::Runtime {
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<ItemMsg> queue_;
+
+  // Stats: written by graph bodies (atomics) and by the consumer under mu_.
+  std::atomic<std::uint64_t> spine_items_{0}, spine_ns_{0}, work_items_{0}, work_ns_{0},
+      deliver_items_{0}, deliver_ns_{0};
+  std::uint64_t consumer_waits_ = 0, consumer_wait_ns_ = 0, graph_waits_ = 0;
 };
+
+LoaderStats Loader::stats() const { return runtime_->stats(); }
 
 Loader::Loader(Pipeline pipeline, LoaderOptions options)
     : pipeline_(std::move(pipeline)),

@@ -37,6 +37,27 @@ struct LoaderOptions {
   std::optional<std::size_t> prefetch;  ///< overrides the pipeline's prefetch depth
 };
 
+/// Where time went in a running Loader, for finding the bottleneck. Counters accumulate over
+/// the Loader's life (a load_state/skip/restore starts them again).
+struct LoaderStats {
+  /// One stage of the graph.
+  struct Stage {
+    std::string name;           ///< "spine", "assemble" (read+map+collate), "deliver", "consumer"
+    std::uint64_t items = 0;    ///< messages processed
+    std::uint64_t busy_ns = 0;  ///< time spent in the stage's bodies (summed over workers)
+    int concurrency = 1;        ///< workers running the stage
+  };
+  std::vector<Stage> stages;
+  /// next() calls that found no batch ready: the pipeline was slower than the consumer.
+  std::uint64_t consumer_waits = 0;
+  /// Time next() spent waiting for a batch.
+  std::uint64_t consumer_wait_ns = 0;
+  /// next() calls that found every in-flight slot filled with ready batches: the consumer
+  /// was the bottleneck (the graph waited on its output).
+  std::uint64_t graph_waits = 0;
+  std::size_t in_flight_limit = 0;  ///< batches in flight at most
+};
+
 /// Consumes a Pipeline. See the file comment.
 class Loader {
  public:
@@ -83,6 +104,9 @@ class Loader {
   /// loader is then unchanged). Throws CheckpointError when the newest valid checkpoint
   /// belongs to a pipeline whose output differs.
   std::optional<CheckpointFound> restore(const std::string& dir);
+
+  /// Counters of the running graph (see LoaderStats). Cheap; callable between next() calls.
+  LoaderStats stats() const;
 
   const Pipeline& pipeline() const { return pipeline_; }
   /// Step of the last delivered batch, if any.
