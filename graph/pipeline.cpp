@@ -40,13 +40,17 @@ Pipeline::Builder& Pipeline::Builder::workers(int workers) {
   return *this;
 }
 
-NodeSpec& Pipeline::Builder::add(NodeSpec::Kind kind, NodeDescription description) {
-  int same = 0;
-  for (const auto& n : p_.nodes_) same += n.description.type == description.type;
-  NodeSpec spec{kind,
-                same == 0 ? description.type : description.type + "#" + std::to_string(same + 1),
-                std::move(description)};
-  p_.nodes_.push_back(std::move(spec));
+NodeSpec& Pipeline::Builder::add(NodeSpec::Kind kind, NodeDescription description,
+                                 std::string base) {
+  if (base.empty()) base = description.type;
+  auto taken = [&](const std::string& name) {
+    for (const auto& n : p_.nodes_)
+      if (n.name == name) return true;
+    return false;
+  };
+  std::string name = base;
+  for (int k = 2; taken(name); ++k) name = base + "#" + std::to_string(k);
+  p_.nodes_.push_back(NodeSpec{kind, std::move(name), std::move(description)});
   return p_.nodes_.back();
 }
 
@@ -92,7 +96,7 @@ Pipeline::Builder& Pipeline::Builder::map(SampleFn fn, MapOptions options) {
   if (!fn) throw ConfigError("map", "map needs a function");
   if (options.workers && *options.workers < 1)
     throw ConfigError("map.workers", "workers must be at least 1");
-  NodeSpec& n = add(NodeSpec::Kind::kSampleMap, options.describe());
+  NodeSpec& n = add(NodeSpec::Kind::kSampleMap, options.describe(), options.name);
   n.sample_fn = std::move(fn);
   n.workers = options.workers;
   return *this;
@@ -102,7 +106,7 @@ Pipeline::Builder& Pipeline::Builder::map_batch(BatchFn fn, MapOptions options) 
   if (!fn) throw ConfigError("map", "map needs a function");
   if (options.workers && *options.workers < 1)
     throw ConfigError("map.workers", "workers must be at least 1");
-  NodeSpec& n = add(NodeSpec::Kind::kBatchMap, options.describe());
+  NodeSpec& n = add(NodeSpec::Kind::kBatchMap, options.describe(), options.name);
   n.batch_fn = std::move(fn);
   n.workers = options.workers;
   return *this;

@@ -113,7 +113,8 @@ class Pipeline::Builder {
   Pipeline build() const;
 
  private:
-  NodeSpec& add(NodeSpec::Kind kind, NodeDescription description);
+  /// Appends a node named `base` (default: its type), made unique with a "#k" suffix.
+  NodeSpec& add(NodeSpec::Kind kind, NodeDescription description, std::string base = {});
   Pipeline p_;
 };
 
