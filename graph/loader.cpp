@@ -342,7 +342,7 @@ PipelineState Loader::state_struct() const {
 std::string Loader::state() const { return state_struct().encode(); }
 
 void Loader::rebuild(const PipelineState& state) {
-  runtime_.reset();  // stop the old graph before opening a new one
+  // Open and restore the new spine first: if that fails, the loader keeps running as before.
   auto rt = std::make_unique<Runtime>(pipeline_, options_);
   rt->spine().restore(state.spine);
   SkipRanges skips{state.skips};
