@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <oneapi/tbb/flow_graph.h>
@@ -44,6 +45,53 @@ struct ItemMsg {
   bool end = false;
 };
 
+/// Raises TBB's process-wide thread limit while any Loader needs more threads than the
+/// machine has cores. TBB applies the *smallest* of the active global_control limits, so all
+/// Loaders share one control set to the largest request.
+class ParallelismLease {
+ public:
+  explicit ParallelismLease(std::size_t threads) : threads_(threads) {
+    std::lock_guard lock(mu());
+    requests().insert(threads_);
+    update();
+  }
+  ~ParallelismLease() {
+    std::lock_guard lock(mu());
+    requests().erase(requests().find(threads_));
+    update();
+  }
+  ParallelismLease(const ParallelismLease&) = delete;
+  ParallelismLease& operator=(const ParallelismLease&) = delete;
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::multiset<std::size_t>& requests() {
+    static std::multiset<std::size_t> r;
+    return r;
+  }
+  static std::unique_ptr<oneapi::tbb::global_control>& control() {
+    static std::unique_ptr<oneapi::tbb::global_control> c;
+    return c;
+  }
+  static std::size_t& current() {
+    static std::size_t n = 0;
+    return n;
+  }
+  static void update() {
+    std::size_t want = requests().empty() ? 0 : *requests().rbegin();
+    if (want == current()) return;
+    control().reset();  // the old limit must go first: the smallest active one wins
+    if (want > std::thread::hardware_concurrency())
+      control() = std::make_unique<oneapi::tbb::global_control>(
+          oneapi::tbb::global_control::max_allowed_parallelism, want);
+    current() = want;
+  }
+  std::size_t threads_;
+};
+
 int assembly_workers(const Pipeline& p, const LoaderOptions& o) {
   if (o.workers) return std::max(1, *o.workers);
   int w = p.workers();
@@ -70,8 +118,7 @@ class Loader::Runtime {
         depth_(prefetch_depth(pipeline, options)),
         // Enough TBB threads for the workers plus the serial input and output nodes, also on
         // small machines where the default pool would starve the graph.
-        control_(oneapi::tbb::global_control::max_allowed_parallelism,
-                 std::max<std::size_t>(std::thread::hardware_concurrency(), workers_ + 2)),
+        lease_(static_cast<std::size_t>(workers_) + 2),
         arena_(workers_ + 1, 0) {
     std::vector<SampleStage> sample_stages;
     std::vector<BatchStage> batch_stages;
@@ -261,7 +308,7 @@ class Loader::Runtime {
   std::unique_ptr<DeviceCopy> device_;
   std::unique_ptr<BatchAssembler> assembler_;
 
-  oneapi::tbb::global_control control_;
+  ParallelismLease lease_;
   oneapi::tbb::task_arena arena_;
   std::unique_ptr<flow::graph> graph_;
   std::unique_ptr<flow::input_node<PlanMsg>> input_;
