@@ -197,7 +197,10 @@ class Loader::Runtime {
       m = std::move(queue_.front());
       queue_.pop_front();
     }
-    arena_.execute([&] { limiter_->decrementer().try_put(flow::continue_msg()); });
+    // Not through arena_.execute: an external thread that finds every arena slot busy would
+    // wait for a worker to run the call. A try_put from outside submits its task to the
+    // graph's arena and returns.
+    limiter_->decrementer().try_put(flow::continue_msg());
     return m;
   }
 
