@@ -169,8 +169,9 @@ class Loader::Runtime {
 
   bool started() const { return started_; }
 
-  LoaderStats stats() const {
+  LoaderStats stats() {
     LoaderStats s;
+    std::lock_guard lock(mu_);
     s.stages = {{"spine", spine_items_.load(), spine_ns_.load(), 1},
                 {"assemble", work_items_.load(), work_ns_.load(), workers_},
                 {"deliver", deliver_items_.load(), deliver_ns_.load(), 1}};
