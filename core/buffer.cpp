@@ -60,9 +60,12 @@ std::shared_ptr<Buffer> BufferPool::acquire(std::size_t size) {
         break;
       }
     }
-    if (p == nullptr) ++allocated_;
   }
-  if (p == nullptr) p = allocator_.allocate(size);
+  if (p == nullptr) {
+    p = allocator_.allocate(size);  // may throw: only successful allocations are counted
+    std::lock_guard lock(mu_);
+    ++allocated_;
+  }
   // The buffer keeps the pool alive, so a batch may outlive the pipeline that made it.
   return std::make_shared<Buffer>(
       p, size, allocator_.device,

@@ -66,9 +66,9 @@ struct Allocator {
   std::function<void(void*)> deallocate;
 };
 
-/// A free list of equally-sized blocks, recycled when the Buffers handed out are dropped.
-/// Thread-safe. Blocks of other sizes are allocated and freed normally. The pool's memory is
-/// released when the pool and every buffer it handed out are gone.
+/// A free list of blocks, recycled when the Buffers handed out are dropped; a request reuses a
+/// free block of exactly its size. Thread-safe. Free blocks are kept until the pool and every
+/// buffer it handed out are gone (a pipeline's batch sizes are few and fixed).
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   explicit BufferPool(Allocator allocator) : allocator_(std::move(allocator)) {}

@@ -369,7 +369,17 @@ std::optional<Batch> Loader::next() {
     if (!m.batch) continue;  // cancelled work (only while stopping)
     Batch& b = *m.batch;
     if (b.fence) {
-      b.fence->wait();
+      try {
+        b.fence->wait();
+      } catch (...) {
+        try {
+          rethrow_with_node(std::current_exception(), "device_copy");
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+        runtime_->stop();
+        std::rethrow_exception(error_);
+      }
       b.fence.reset();
     }
     last_stamp_ = b.stamp;

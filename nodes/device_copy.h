@@ -2,8 +2,10 @@
 // collated straight into pinned host buffers (staging_pool), copied with cudaMemcpyAsync on the
 // node's own stream into pooled device buffers, and carry a Fence (a CUDA event) that the
 // Loader waits on before handing the batch out; device buffers go back to their pool when the
-// consumer drops the batch. Without CUDA, or without a device, `auto` hands out host memory and
-// `cuda:N` fails with a clear ConfigError.
+// consumer drops the batch, and a later copy may overwrite them — so finish (or stream-order)
+// device work on a batch before dropping it. Without CUDA, or without a usable device (also
+// when device 0 exists but cannot be set up), `auto` hands out host memory and `cuda:N` fails
+// with a clear ConfigError.
 #pragma once
 
 #include <memory>

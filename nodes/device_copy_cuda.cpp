@@ -108,8 +108,7 @@ Device resolve(const std::string& device) {
   if (device == "cpu") return Device{};
   if (device == "auto") return cuda_device_count() > 0 ? Device{MemoryKind::kDevice, 0} : Device{};
   std::optional<int> index = cuda_index(device);
-  if (!index)
-    throw ConfigError(kKey, "unknown device '" + device + "' (known: auto, cpu, cuda:N)");
+  if (!index) throw ConfigError(kKey, "unknown device '" + device + "' (known: auto, cpu, cuda:N)");
   const Probe& p = probe();
   if (p.error != cudaSuccess)
     throw ConfigError(kKey, "device '" + device +
@@ -147,7 +146,6 @@ class CopyStream {
   CopyStream(const CopyStream&) = delete;
   CopyStream& operator=(const CopyStream&) = delete;
 
-  int device() const { return device_; }
   cudaStream_t get() const { return stream_; }
 
   /// An event from the free list, or a new one. The device must be current.
@@ -232,19 +230,19 @@ std::shared_ptr<BufferPool> pinned_pool(int device) {
 }
 
 std::shared_ptr<BufferPool> device_pool(int device) {
-  return std::make_shared<BufferPool>(Allocator{
-      Device{MemoryKind::kDevice, device},
-      [device](std::size_t size) {
-        DeviceGuard guard(device);
-        void* p = nullptr;
-        check(cudaMalloc(&p, size == 0 ? 1 : size), "cudaMalloc");
-        return p;
-      },
-      [device](void* p) {
-        DeviceGuard guard(device, std::nothrow);
-        (void)cudaFree(p);
-        (void)cudaGetLastError();
-      }});
+  return std::make_shared<BufferPool>(Allocator{Device{MemoryKind::kDevice, device},
+                                                [device](std::size_t size) {
+                                                  DeviceGuard guard(device);
+                                                  void* p = nullptr;
+                                                  check(cudaMalloc(&p, size == 0 ? 1 : size),
+                                                        "cudaMalloc");
+                                                  return p;
+                                                },
+                                                [device](void* p) {
+                                                  DeviceGuard guard(device, std::nothrow);
+                                                  (void)cudaFree(p);
+                                                  (void)cudaGetLastError();
+                                                }});
 }
 
 }  // namespace
@@ -257,22 +255,25 @@ bool cuda_compiled() { return true; }
 int cuda_device_count() { return probe().count; }
 
 struct DeviceCopy::Impl {
-  std::shared_ptr<CopyStream> stream;
   std::shared_ptr<BufferPool> device_pool;
+  // Declared after the pool so that it is released first: its last owner synchronizes it
+  // before the pool's blocks can be freed.
+  std::shared_ptr<CopyStream> stream;
 };
 
 DeviceCopy::DeviceCopy(const DeviceCopyOptions& options) : target_(resolve(options.device)) {
-  if (target_.kind != MemoryKind::kDevice) {
-    staging_ = BufferPool::host();
-    return;
+  if (target_.kind == MemoryKind::kDevice) {
+    try {
+      impl_ = std::make_unique<Impl>(
+          Impl{device_pool(target_.index), std::make_shared<CopyStream>(target_.index)});
+    } catch (const Error& e) {
+      if (options.device != "auto")
+        throw ConfigError(kKey, "device '" + target_.to_string() + "' is not usable: " + e.what());
+      // `auto` degrades to host memory when the device cannot be used (DESIGN.md §8).
+      target_ = Device{};
+    }
   }
-  try {
-    impl_ = std::make_unique<Impl>(
-        Impl{std::make_shared<CopyStream>(target_.index), device_pool(target_.index)});
-  } catch (const Error& e) {
-    throw ConfigError(kKey, "device '" + target_.to_string() + "' is not usable: " + e.what());
-  }
-  staging_ = pinned_pool(target_.index);
+  staging_ = impl_ ? pinned_pool(target_.index) : BufferPool::host();
 }
 
 DeviceCopy::~DeviceCopy() = default;
@@ -294,14 +295,13 @@ Batch DeviceCopy::copy(Batch batch) {
     for (auto& [id, t] : batch.fields) {
       if (!t.defined() || t.device() == target_) continue;
       const std::size_t n = t.nbytes();
-      std::shared_ptr<Buffer> dst =
-          n == 0 ? std::make_shared<Buffer>(nullptr, 0, target_, nullptr)
-                 : impl_->device_pool->acquire(n);
+      std::shared_ptr<Buffer> dst = n == 0 ? std::make_shared<Buffer>(nullptr, 0, target_, nullptr)
+                                           : impl_->device_pool->acquire(n);
       if (n > 0) {
         // Host and pinned sources are host→device; a tensor on another device goes peer to
         // peer, which cudaMemcpyDefault resolves through unified addressing.
-        cudaMemcpyKind kind = t.device().kind == MemoryKind::kDevice ? cudaMemcpyDefault
-                                                                     : cudaMemcpyHostToDevice;
+        cudaMemcpyKind kind =
+            t.device().kind == MemoryKind::kDevice ? cudaMemcpyDefault : cudaMemcpyHostToDevice;
         check(cudaMemcpyAsync(dst->data(), t.data(), n, kind, stream), "cudaMemcpyAsync");
       }
       Tensor moved(std::move(dst), 0, t.dtype(), t.shape());

@@ -74,7 +74,9 @@ TEST(DeviceCopyOptions, DescribesDeviceAsFreeParameter) {
 }
 
 TEST(DeviceCopy, DeviceCountIsZeroWithoutCuda) {
-  if (!cuda_compiled()) EXPECT_EQ(cuda_device_count(), 0);
+  if (!cuda_compiled()) {
+    EXPECT_EQ(cuda_device_count(), 0);
+  }
   EXPECT_GE(cuda_device_count(), 0);
 }
 

@@ -1,0 +1,419 @@
+// device_copy on a CUDA device. Built twice (tests/nodes/cuda/CMakeLists.txt):
+// - nodes_cuda_tests (label `cuda`, suite DeviceCopyCuda) against the real runtime; every test
+//   skips when no device is present;
+// - nodes_cuda_fake_tests (label `nodes`, suite DeviceCopyFakeCuda) against fake_cudart.cpp,
+//   which runs the CUDA code path everywhere, checks API use strictly, injects errors and
+//   counts leaks (the tests under FLOWSTATE_FAKE_CUDART).
+// The no-device behaviour is tested in tests/nodes/device_copy_test.cpp.
+#include <cuda_runtime_api.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "graph/loader.h"
+#include "nodes/device_copy.h"
+#include "tests/support/testing.h"
+
+#ifdef FLOWSTATE_FAKE_CUDART
+// Controls of fake_cudart.cpp.
+extern "C" void fake_cuda_fail_next(const char* api, cudaError_t error, int after);
+extern "C" void fake_cuda_live(int* device_blocks, int* pinned_blocks, int* streams, int* events);
+#define FLOWSTATE_CUDA_SUITE DeviceCopyFakeCuda
+#else
+#define FLOWSTATE_CUDA_SUITE DeviceCopyCuda
+#endif
+
+namespace flowstate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+#define FLOWSTATE_REQUIRE_DEVICE()                                  \
+  do {                                                              \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"; \
+  } while (false)
+
+void cuda_ok(cudaError_t err, const char* call) {
+  ASSERT_EQ(err, cudaSuccess) << call << ": " << cudaGetErrorString(err);
+}
+
+/// The bytes of `t`, read back with a synchronous cudaMemcpy when it is in device memory.
+std::vector<std::byte> bytes_of(const Tensor& t) {
+  std::vector<std::byte> out(t.nbytes());
+  if (out.empty()) return out;
+  if (t.device().kind == MemoryKind::kDevice) {
+    cuda_ok(cudaMemcpy(out.data(), t.data(), out.size(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  } else {
+    std::memcpy(out.data(), t.data(), out.size());
+  }
+  return out;
+}
+
+/// `b` with every field copied to host memory, so it can be digested.
+Batch to_host(const Batch& b) {
+  Batch h;
+  h.info = b.info;
+  h.stamp = b.stamp;
+  for (const auto& [id, t] : b.fields) {
+    Tensor c(t.dtype(), t.shape());
+    std::vector<std::byte> bytes = bytes_of(t);
+    if (!bytes.empty()) std::memcpy(c.data(), bytes.data(), bytes.size());
+    h.fields.set(id, c);
+  }
+  return h;
+}
+
+cudaMemoryType memory_type(const void* p) {
+  cudaPointerAttributes attr{};
+  cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  EXPECT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
+  return attr.type;
+}
+
+/// A one-field uint8 batch of `n` bytes from `pool`, every byte derived from `seed`.
+Batch pattern_batch(BufferPool& pool, std::size_t n, std::uint32_t seed) {
+  auto buf = pool.acquire(n);
+  auto* p = static_cast<std::uint8_t*>(buf->data());
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::uint8_t>(seed * 131 + i * 7);
+  Batch b;
+  b.fields.set("data", Tensor(buf, 0, DType::kUInt8, Shape{static_cast<std::int64_t>(n)}));
+  b.info.step = seed;
+  return b;
+}
+
+bool has_pattern(const Tensor& t, std::uint32_t seed) {
+  std::vector<std::byte> bytes = bytes_of(t);
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    if (bytes[i] != static_cast<std::byte>(seed * 131 + i * 7)) return false;
+  return true;
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, AutoPicksTheFirstDevice) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({});
+  EXPECT_EQ(copy.target(), (Device{MemoryKind::kDevice, 0}));
+  EXPECT_EQ(copy.staging_pool()->device().kind, MemoryKind::kPinned);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, CpuStaysOnTheHostWithADevicePresent) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cpu"});
+  EXPECT_EQ(copy.target(), Device{});
+  Batch in = pattern_batch(*copy.staging_pool(), 1000, 1);
+  Batch out = copy.copy(in);
+  EXPECT_EQ(out.fence, nullptr);
+  EXPECT_EQ(out["data"].data(), in["data"].data());
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, OutOfRangeIndexIsConfigError) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  const std::string device = "cuda:" + std::to_string(cuda_device_count());
+  try {
+    DeviceCopy copy({.device = device});
+    FAIL() << device << " was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "device_copy.device");
+    EXPECT_THAT(e.what(), StartsWith("device '" + device + "' requested, but only " +
+                                     std::to_string(cuda_device_count()) + " CUDA device"));
+    EXPECT_THAT(e.what(), HasSubstr(cudaGetErrorString(cudaErrorInvalidDevice)));
+  }
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, StagingPoolIsPinnedHostMemory) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  auto buf = copy.staging_pool()->acquire(4096);
+  EXPECT_EQ(buf->device().kind, MemoryKind::kPinned);
+  EXPECT_EQ(memory_type(buf->data()), cudaMemoryTypeHost);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, BatchLandsInDeviceMemoryWithIdenticalBytes) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  // Two fields viewing one pinned buffer at different offsets, and one in pageable memory.
+  auto shared = copy.staging_pool()->acquire(4096 + 12 * sizeof(float));
+  auto* raw = static_cast<std::uint8_t*>(shared->data());
+  for (std::size_t i = 0; i < 4096; ++i) raw[i] = static_cast<std::uint8_t>(i * 13 + 5);
+  auto* floats = reinterpret_cast<float*>(raw + 4096);
+  for (int i = 0; i < 12; ++i) floats[i] = 0.25f * i - 1.0f;
+  Batch in;
+  in.fields.set("tokens", Tensor(shared, 0, DType::kUInt16, Shape{4, 512}));
+  in.fields.set("weights", Tensor(shared, 4096, DType::kFloat32, Shape{4, 3}));
+  Tensor pageable(DType::kInt64, Shape{4});
+  for (std::int64_t i = 0; i < 4; ++i) pageable.values<std::int64_t>()[i] = i * 1000 - 7;
+  in.fields.set("ids", pageable);
+  in.info.step = 17;
+  in.info.epoch = 3;
+  in.info.is_last_in_epoch = true;
+  const std::uint64_t digest = in.digest();
+
+  Batch out = copy.copy(in);
+  ASSERT_NE(out.fence, nullptr);
+  out.fence->wait();
+  ASSERT_EQ(out.fields.size(), 3u);
+  for (const auto& [id, t] : out.fields) {
+    EXPECT_EQ(t.device(), (Device{MemoryKind::kDevice, 0})) << field_name(id);
+    EXPECT_EQ(memory_type(t.data()), cudaMemoryTypeDevice) << field_name(id);
+    EXPECT_EQ(bytes_of(t), bytes_of(*in.fields.find(id))) << field_name(id);
+    EXPECT_EQ(t.dtype(), in.fields.at(id).dtype());
+    EXPECT_EQ(t.shape(), in.fields.at(id).shape());
+  }
+  EXPECT_THROW(out.digest(), std::invalid_argument);  // device memory cannot be digested
+  EXPECT_EQ(to_host(out).digest(), digest);
+  EXPECT_EQ(out.info.step, 17u);
+  EXPECT_EQ(out.info.epoch, 3u);
+  EXPECT_TRUE(out.info.is_last_in_epoch);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, EmptyFieldBecomesEmptyDeviceTensor) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch in;
+  in.fields.set("empty", Tensor(DType::kFloat32, Shape{0, 4}));
+  Batch out = copy.copy(in);
+  if (out.fence) out.fence->wait();
+  EXPECT_EQ(out["empty"].device().kind, MemoryKind::kDevice);
+  EXPECT_EQ(out["empty"].shape(), (Shape{0, 4}));
+  EXPECT_EQ(out["empty"].nbytes(), 0u);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, RecyclesDeviceAndStagingBuffers) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  std::set<const void*> device_blocks;
+  for (std::uint32_t i = 0; i < 200; ++i) {
+    Batch out = copy.copy(pattern_batch(*copy.staging_pool(), 64 * 1024, i));
+    ASSERT_NE(out.fence, nullptr);
+    out.fence->wait();
+    device_blocks.insert(out["data"].data());
+    ASSERT_TRUE(has_pattern(out["data"], i)) << "batch " << i;
+  }
+  // One batch in flight at a time: each block comes back before the next batch needs one.
+  EXPECT_LE(device_blocks.size(), 2u);
+  EXPECT_LE(copy.staging_pool()->allocated(), 2u);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, FenceHoldsTheStagingBufferUntilTheCopyIsComplete) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  auto& pool = *copy.staging_pool();
+  constexpr std::size_t kBytes = 8 << 20;
+  Batch out = copy.copy(pattern_batch(pool, kBytes, 5));
+  ASSERT_NE(out.fence, nullptr);
+  EXPECT_EQ(pool.allocated(), 1u);
+  // The input batch is gone, but its staging block is still owned by the fence.
+  { auto other = pool.acquire(kBytes); }
+  EXPECT_EQ(pool.allocated(), 2u);
+  out.fence->wait();
+  out.fence->wait();  // waiting again is harmless
+  // Now both blocks are free: acquiring two allocates nothing new.
+  {
+    auto a = pool.acquire(kBytes);
+    auto b = pool.acquire(kBytes);
+  }
+  EXPECT_EQ(pool.allocated(), 2u);
+  EXPECT_TRUE(has_pattern(out["data"], 5));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, ManyBatchesInFlightKeepTheirOwnBytes) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  std::deque<Batch> in_flight;
+  std::uint32_t checked = 0;
+  for (std::uint32_t i = 0; i < 64; ++i) {
+    in_flight.push_back(copy.copy(pattern_batch(*copy.staging_pool(), 256 * 1024 + i, i)));
+    if (in_flight.size() == 8 || i == 63) {
+      while (!in_flight.empty()) {
+        Batch& b = in_flight.front();
+        b.fence->wait();
+        EXPECT_TRUE(has_pattern(b["data"], static_cast<std::uint32_t>(b.info.step)))
+            << "batch " << b.info.step;
+        in_flight.pop_front();
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 64u);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, DroppingABatchWithoutWaitingIsSafe) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  for (std::uint32_t i = 0; i < 32; ++i) copy.copy(pattern_batch(*copy.staging_pool(), 1 << 20, i));
+  Batch out = copy.copy(pattern_batch(*copy.staging_pool(), 1 << 20, 99));
+  out.fence->wait();
+  EXPECT_TRUE(has_pattern(out["data"], 99));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, BatchOutlivesTheNode) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  Batch out;
+  {
+    DeviceCopy copy({.device = "cuda:0"});
+    out = copy.copy(pattern_batch(*copy.staging_pool(), 1 << 20, 3));
+  }
+  ASSERT_NE(out.fence, nullptr);
+  out.fence->wait();
+  EXPECT_TRUE(has_pattern(out["data"], 3));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, LoaderDeliversDeviceBatchesMatchingAHostRun) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  testing::TempDir dir;
+  auto glob = testing::write_records(dir.str(), 500, 64, 4);
+  auto make = [&](bool copy) {
+    Pipeline::Builder b;
+    b.seed(5)
+        .records({.paths = {glob}, .record_bytes = 64})
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 100})
+        .batch({.size = 32})
+        .prefetch({.depth = 3});
+    if (copy) b.device_copy({.device = "cuda:0"});
+    return b.build();
+  };
+  Loader host(make(false), {.epochs = 2});
+  std::vector<testing::BatchTrace> expect = testing::drain(host);
+  ASSERT_EQ(expect.size(), 2u * 16u);
+
+  Loader device(make(true), {.epochs = 2});
+  std::vector<testing::BatchTrace> got;
+  while (auto b = device.next()) {
+    EXPECT_EQ(b->fence, nullptr);  // the Loader waited on it
+    for (const auto& [id, t] : b->fields) EXPECT_EQ(t.device().kind, MemoryKind::kDevice);
+    got.push_back(testing::trace(to_host(*b)));
+  }
+  EXPECT_EQ(got, expect);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, CopiesToTheRequestedDeviceAndKeepsTheCallersDevice) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+  {
+    DeviceCopy copy({.device = "cuda:1"});
+    EXPECT_EQ(copy.target(), (Device{MemoryKind::kDevice, 1}));
+    Batch out = copy.copy(pattern_batch(*copy.staging_pool(), 4096, 8));
+    out.fence->wait();
+    EXPECT_EQ(out["data"].device(), (Device{MemoryKind::kDevice, 1}));
+    cudaPointerAttributes attr{};
+    cuda_ok(cudaPointerGetAttributes(&attr, out["data"].data()), "cudaPointerGetAttributes");
+    EXPECT_EQ(attr.device, 1);
+    EXPECT_TRUE(has_pattern(out["data"], 8));
+  }
+  int current = -1;
+  cuda_ok(cudaGetDevice(&current), "cudaGetDevice");
+  EXPECT_EQ(current, 0);
+}
+
+#ifdef FLOWSTATE_FAKE_CUDART
+
+TEST(FLOWSTATE_CUDA_SUITE, FailedCopyThrowsErrorNamingTheCallAndTheNodeRecovers) {
+  DeviceCopy copy({.device = "cuda:0"});
+  auto make = [&](std::uint32_t seed) {
+    Batch b = pattern_batch(*copy.staging_pool(), 1000, seed);
+    b.fields.set("more", b["data"]);
+    return b;
+  };
+  // The second field's copy fails after the first one was issued.
+  fake_cuda_fail_next("cudaMemcpyAsync", cudaErrorIllegalAddress, 1);
+  try {
+    copy.copy(make(1));
+    FAIL() << "copy() did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "CUDA error in cudaMemcpyAsync: an illegal memory access was encountered "
+              "(cudaErrorIllegalAddress)");
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // not left behind for an unrelated call
+  Batch out = copy.copy(make(2));
+  out.fence->wait();
+  EXPECT_TRUE(has_pattern(out["data"], 2));
+  EXPECT_TRUE(has_pattern(out["more"], 2));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, FenceWaitThrowsTheCudaError) {
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch out = copy.copy(pattern_batch(*copy.staging_pool(), 1000, 4));
+  fake_cuda_fail_next("cudaEventSynchronize", cudaErrorLaunchFailure, 0);
+  try {
+    out.fence->wait();
+    FAIL() << "wait() did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "CUDA error in cudaEventSynchronize: unspecified launch failure "
+              "(cudaErrorLaunchFailure)");
+  }
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, LoaderReportsAFailedCopyAsTheNodesError) {
+  testing::TempDir dir;
+  auto glob = testing::write_records(dir.str(), 256, 64, 2);
+  Loader loader(Pipeline::Builder()
+                    .records({.paths = {glob}, .record_bytes = 64})
+                    .batch({.size = 32})
+                    .device_copy({.device = "cuda:0"})
+                    .build());
+  fake_cuda_fail_next("cudaMemcpyAsync", cudaErrorIllegalAddress, 2);
+  ASSERT_TRUE(loader.next().has_value());
+  ASSERT_TRUE(loader.next().has_value());
+  try {
+    loader.next();
+    FAIL() << "the failed copy was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.node(), "device_copy");
+    EXPECT_THAT(e.what(), HasSubstr("node 'device_copy': CUDA error in cudaMemcpyAsync: "));
+  }
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, UnusableDeviceIsConfigError) {
+  fake_cuda_fail_next("cudaStreamCreateWithFlags", cudaErrorMemoryAllocation, 0);
+  try {
+    DeviceCopy copy({.device = "cuda:0"});
+    FAIL() << "DeviceCopy did not throw";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "device_copy.device");
+    EXPECT_EQ(std::string(e.what()),
+              "device 'cuda:0' is not usable: CUDA error in cudaStreamCreateWithFlags: out of "
+              "memory (cudaErrorMemoryAllocation)");
+  }
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, AutoFallsBackToHostWhenTheDeviceIsUnusable) {
+  fake_cuda_fail_next("cudaStreamCreateWithFlags", cudaErrorMemoryAllocation, 0);
+  DeviceCopy copy({});
+  EXPECT_EQ(copy.target(), Device{});
+  EXPECT_EQ(copy.staging_pool()->device(), Device{});
+  Batch in = pattern_batch(*copy.staging_pool(), 100, 1);
+  Batch out = copy.copy(in);
+  EXPECT_EQ(out.fence, nullptr);
+  EXPECT_EQ(out["data"].data(), in["data"].data());
+}
+
+/// After every test: nothing device_copy allocated is left.
+class NoLeaks : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    int device = 0, pinned = 0, streams = 0, events = 0;
+    fake_cuda_live(&device, &pinned, &streams, &events);
+    EXPECT_EQ(device, 0) << info.name() << " left device memory allocated";
+    EXPECT_EQ(pinned, 0) << info.name() << " left pinned memory allocated";
+    EXPECT_EQ(streams, 0) << info.name() << " left a stream";
+    EXPECT_EQ(events, 0) << info.name() << " left an event";
+  }
+};
+
+const bool kNoLeaksInstalled = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new NoLeaks);
+  return true;
+}();
+
+#endif  // FLOWSTATE_FAKE_CUDART
+
+}  // namespace
+}  // namespace flowstate
