@@ -46,6 +46,27 @@ struct StampData {
 };
 using Stamp = std::shared_ptr<const StampData>;
 
+/// Reads a string written by cereal (size tag, then bytes), refusing a size above the
+/// thread's read limit (see StateReadLimit) before allocating: a corrupt length field must
+/// be an error, not a multi-gigabyte allocation.
+void load_bounded(InArchive& ar, std::string& s);
+/// Reads a cereal size tag, refusing one above the read limit.
+std::uint64_t load_bounded_size(InArchive& ar);
+
+/// Sets the largest size load_bounded accepts on this thread while it lives — normally the
+/// size of the whole input being decoded. Default without one: 1 GiB.
+class StateReadLimit {
+ public:
+  explicit StateReadLimit(std::uint64_t limit);
+  ~StateReadLimit();
+  StateReadLimit(const StateReadLimit&) = delete;
+  StateReadLimit& operator=(const StateReadLimit&) = delete;
+  static std::uint64_t current();
+
+ private:
+  std::uint64_t previous_;
+};
+
 /// Serializes a stamp: per node, its name then its state.
 std::string serialize_stamp(const StampData& stamp);
 

@@ -100,9 +100,10 @@ class Loader {
                                                  CheckpointWriteOptions options = {}) const;
   /// Continues from the newest checkpoint under `dir` that verifies (see
   /// find_latest_checkpoint); returns what was loaded (path, step, and the newer checkpoints
-  /// that were skipped, with reasons), or nullopt when `dir` holds no valid checkpoint (the
-  /// loader is then unchanged). Throws CheckpointError when the newest valid checkpoint
-  /// belongs to a pipeline whose output differs.
+  /// that were skipped, with reasons), or nullopt when `dir` is missing or holds no
+  /// checkpoint (the loader is then unchanged). Throws CheckpointError when checkpoints exist
+  /// but none verifies (listing each with its reason), or when the newest valid one belongs
+  /// to a pipeline whose output differs.
   std::optional<CheckpointFound> restore(const std::string& dir);
 
   /// Counters of the running graph (see LoaderStats). Cheap; callable between next() calls.

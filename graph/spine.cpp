@@ -58,6 +58,7 @@ void Spine::restore(std::string_view bytes) {
   std::istringstream is{std::string(bytes), std::ios::binary};
   try {
     InArchive ar(is);
+    StateReadLimit limit(bytes.size());
     std::uint32_t count = 0;
     ar(count);
     if (count != nodes_.size())
@@ -66,7 +67,7 @@ void Spine::restore(std::string_view bytes) {
                                          std::to_string(nodes_.size()));
     for (const auto& n : nodes_) {
       std::string name;
-      ar(name);
+      load_bounded(ar, name);
       if (name != n->name())
         throw CheckpointError("state", "the state holds node '" + name +
                                            "' where this pipeline has '" + n->name() + "'");

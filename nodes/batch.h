@@ -15,6 +15,7 @@
 
 #include "core/batch.h"
 #include "core/buffer.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "nodes/node.h"
 
@@ -52,7 +53,10 @@ struct BatchState {
   std::uint64_t index_in_epoch = 0;  ///< next index to schedule in the epoch
   bool started = false;              ///< the epoch's upstream has been started
   template <class Archive>
-  void serialize(Archive& ar, std::uint32_t /*version*/) {
+  void serialize(Archive& ar, std::uint32_t version) {
+    if (version > 1)
+      throw CheckpointError("state", "BatchState version " + std::to_string(version) +
+                                         " is newer than this build's 1; upgrade flowstate");
     ar(epoch, step, index_in_epoch, started);
   }
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
 
 #include "core/error.h"
 #include "core/hash.h"
@@ -109,16 +110,30 @@ void BufferShuffleState::save(Archive& ar, std::uint32_t) const {
 }
 
 template <class Archive>
-void BufferShuffleState::load(Archive& ar, std::uint32_t) {
+void BufferShuffleState::load(Archive& ar, std::uint32_t version) {
+  if (version > 1)
+    throw CheckpointError("shuffle", "BufferShuffleState version " + std::to_string(version) +
+                                         " is newer than this build's 1; upgrade flowstate");
   ar(epoch, draws);
   bool has = false;
   ar(has);
   keyframe.reset();
   if (!has) return;
   auto kf = std::make_shared<ShuffleKeyframe>();
+  if (version == 0) {
+    // Version 0 keeps the key-frame as plain input positions (validate() checks them). It is
+    // the migration path tested by tests/serialization/fixtures/shuffle-v0: a layout change
+    // bumps the version and keeps a branch like this one for the old layout.
+    ar(kf->draws);
+    kf->slots.resize(static_cast<std::size_t>(load_bounded_size(ar)));
+    for (auto& slot : kf->slots) ar(slot);
+    keyframe = std::move(kf);
+    return;
+  }
   std::uint64_t cursor = 0, count = 0;
   std::string blob;
-  ar(kf->draws, cursor, count, blob);
+  ar(kf->draws, cursor, count);
+  load_bounded(ar, blob);
   if (count > blob.size())
     throw CheckpointError("shuffle", "key-frame claims " + std::to_string(count) + " slots in " +
                                          std::to_string(blob.size()) + " bytes");

@@ -11,7 +11,9 @@
 // Writing: step-N.tmp/ → write + fsync each file → manifest last + fsync → rename to step-N/
 // → fsync the parent → replace LATEST atomically (tmp + rename + fsync). A directory without
 // a valid manifest does not exist; stale *.tmp directories are ignored and removed by the
-// next write. `keep` prunes older checkpoints only after the new one is committed.
+// next write. `keep` prunes older checkpoints only after the new one is committed. Replacing an
+// existing step-N renames the old one to step-N.old (still a valid fallback) before the new one
+// goes in. Writers serialize on an flock of `<dir>/.lock`.
 #pragma once
 
 #include <cstdint>
@@ -28,15 +30,17 @@ struct CheckpointWriteOptions {
   /// Complete checkpoints to keep after this one is committed (the newest ones); 0 keeps all.
   std::size_t keep = 0;
   /// Test hook, called at each phase of the write with its name: "tmp-created",
-  /// "state-written", "manifest-written", "renamed", "latest-written". May block or throw.
+  /// "state-written", "manifest-written", ("moved-aside" when step N already exists and is
+  /// being replaced), "renamed", "latest-written". May block or throw; a throw before
+  /// "renamed" leaves the directory as it was.
   std::function<void(std::string_view phase)> hook;
 };
 
 /// What a verified checkpoint holds.
 struct CheckpointFound {
-  std::string path;                  ///< the step-N directory
-  std::uint64_t step = 0;            ///< N
-  std::string state;                 ///< contents of state.bin (verified)
+  std::string path;        ///< the step-N directory (step-N.old when a replacement was interrupted)
+  std::uint64_t step = 0;  ///< N
+  std::string state;       ///< contents of state.bin (verified)
   std::vector<std::string> skipped;  ///< newer checkpoints that failed to verify: "path: reason"
 };
 

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/hash.h"
+#include "core/state.h"
 
 namespace flowstate {
 namespace {
@@ -40,7 +41,17 @@ PipelineState PipelineState::decode(std::string_view bytes, const std::string& o
                                         std::to_string(s.format_version) +
                                         ", newer than this build's " +
                                         std::to_string(kFormatVersion) + "; upgrade flowstate");
-    ar(s.fingerprint, s.canonical, s.last_step, s.last_epoch, s.skips, s.spine);
+    StateReadLimit limit(bytes.size());
+    ar(s.fingerprint);
+    s.canonical.resize(static_cast<std::size_t>(load_bounded_size(ar)));
+    for (auto& [k, v] : s.canonical) {
+      load_bounded(ar, k);
+      load_bounded(ar, v);
+    }
+    ar(s.last_step, s.last_epoch);
+    s.skips.resize(static_cast<std::size_t>(load_bounded_size(ar)));
+    for (auto& r : s.skips) ar(r);
+    load_bounded(ar, s.spine);
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {

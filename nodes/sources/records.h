@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "nodes/node.h"
 #include "nodes/sources/mapped_file.h"
 
@@ -27,7 +28,10 @@ struct CursorState {
   std::uint64_t epoch = 0;
   std::uint64_t cursor = 0;  ///< Refs emitted in this epoch
   template <class Archive>
-  void serialize(Archive& ar, std::uint32_t /*version*/) {
+  void serialize(Archive& ar, std::uint32_t version) {
+    if (version > 1)
+      throw CheckpointError("state", "CursorState version " + std::to_string(version) +
+                                         " is newer than this build's 1; upgrade flowstate");
     ar(epoch, cursor);
   }
 };

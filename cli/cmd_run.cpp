@@ -1,0 +1,331 @@
+// `flowstate run`: consumes a YAML pipeline as a trainer would — with periodic checkpoints,
+// resume, skipped ranges, digests and provenance — and reports its throughput.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <future>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/hash.h"
+#include "graph/loader.h"
+#include "nodes/batch.h"
+
+namespace flowstate::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: flowstate run PIPELINE.yaml [options]\n\n"
+    "Consumes the pipeline as a trainer would and reports progress (a live line on a\n"
+    "terminal, a line every --progress-interval seconds otherwise) and a summary.\n\n"
+    "  --steps N               stop after the batch of step N-1 (a global target: a resumed\n"
+    "                          run stops at the same place)\n"
+    "  --epochs E              epochs to run (default: the pipeline's; 0 runs until stopped)\n"
+    "  --workers N             batch-assembly workers (free: never changes the batches)\n"
+    "  --checkpoint-dir D      checkpoint directory, relative to the current directory\n"
+    "                          (default: the pipeline's checkpoint.dir, relative to its file)\n"
+    "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0\n"
+    "  --keep N                keep the N newest checkpoints (0: all)\n"
+    "  --resume                continue from the newest valid checkpoint in the directory\n"
+    "                          (none there: start from the beginning)\n"
+    "  --skip A:B              drop the batches of steps A..B (inclusive; repeatable)\n"
+    "  --set KEY=VALUE         override a pipeline value (nodes[1].shuffle.size=1024; repeatable)\n"
+    "  --digests FILE|-        append '<step> <epoch> <index_in_epoch> <digest>' per batch\n"
+    "  --provenance FILE|-     append '<step> <epoch> <index_in_epoch> <source>:<index>...'\n"
+    "  --progress-interval S   seconds between progress lines when not on a terminal\n"
+    "                          (default 10; 0: a line per batch)\n\n"
+    "With a checkpoint directory, the run also checkpoints its last batch when it ends, and\n"
+    "SIGTERM or SIGINT stop it cleanly (exit status 0) after checkpointing the last delivered\n"
+    "batch; a second signal kills it.\n";
+
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
+
+// Only sets the flag: the main loop checks it between batches.
+void on_signal(int sig) { g_signal.store(sig, std::memory_order_relaxed); }
+
+/// Installs the SIGTERM/SIGINT handlers for its lifetime. SA_RESETHAND: a second signal
+/// takes the default action, so a stuck run can still be killed.
+class SignalScope {
+ public:
+  SignalScope() {
+    g_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGINT, &sa, &old_int_);
+  }
+  ~SignalScope() {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGINT, &old_int_, nullptr);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+ private:
+  struct sigaction old_term_ {};
+  struct sigaction old_int_ {};
+};
+
+/// An append-only line file ("-": stdout), flushed after every line.
+class LineOutput {
+ public:
+  LineOutput(const std::optional<std::string>& path, const std::string& flag) : flag_(flag) {
+    if (!path) return;
+    path_ = *path;
+    if (*path == "-") {
+      file_ = stdout;
+      return;
+    }
+    file_ = std::fopen(path->c_str(), "a");
+    if (file_ == nullptr)
+      throw ConfigError(flag,
+                        "cannot open '" + *path + "' for " + flag + ": " + std::strerror(errno));
+    owned_ = true;
+  }
+  ~LineOutput() {
+    if (owned_) std::fclose(file_);
+  }
+  LineOutput(const LineOutput&) = delete;
+  LineOutput& operator=(const LineOutput&) = delete;
+
+  explicit operator bool() const { return file_ != nullptr; }
+  void write(const std::string& line) {
+    if (std::fputs(line.c_str(), file_) < 0 || std::fputc('\n', file_) == EOF ||
+        std::fflush(file_) != 0)
+      throw Error("cannot write " + flag_ + " file '" + path_ + "': " + std::strerror(errno));
+  }
+
+ private:
+  std::string flag_;
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  bool owned_ = false;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+/// Progress: a live line on a terminal, periodic plain lines otherwise.
+class Progress {
+ public:
+  explicit Progress(double interval) : tty_(::isatty(STDERR_FILENO) == 1), interval_(interval) {
+    if (tty_) interval_ = 0.25;
+  }
+
+  void batch(const Batch& b, std::uint64_t bytes) {
+    samples_ += b.info.num_samples;
+    bytes_ += bytes;
+    const double dt = seconds_since(since_);
+    if (dt < interval_) return;
+    char line[256];
+    std::snprintf(line, sizeof(line), "step %llu  epoch %llu  %ssamples/s  %s/s",
+                  static_cast<unsigned long long>(b.info.step),
+                  static_cast<unsigned long long>(b.info.epoch),
+                  format_count(static_cast<double>(samples_) / dt).c_str(),
+                  format_bytes(static_cast<double>(bytes_) / dt).c_str());
+    if (tty_) {
+      std::fprintf(stderr, "\r\033[K%s", line);
+      std::fflush(stderr);
+      live_ = true;
+    } else {
+      note(line);
+    }
+    samples_ = 0;
+    bytes_ = 0;
+    since_ = Clock::now();
+  }
+  /// Ends the live line before other output.
+  void clear() {
+    if (live_) std::fprintf(stderr, "\r\033[K");
+    live_ = false;
+  }
+
+ private:
+  bool tty_;
+  double interval_;
+  bool live_ = false;
+  Clock::time_point since_ = Clock::now();
+  std::uint64_t samples_ = 0, bytes_ = 0;
+};
+
+std::pair<std::uint64_t, std::uint64_t> parse_skip(const std::string& s) {
+  auto colon = s.find(':');
+  if (colon == std::string::npos) throw UsageError("--skip expects A:B, got '" + s + "'");
+  std::uint64_t a = parse_uint(s.substr(0, colon), "--skip");
+  std::uint64_t b = parse_uint(s.substr(colon + 1), "--skip");
+  if (a > b) throw UsageError("--skip " + s + " is reversed (A > B)");
+  return {a, b};
+}
+
+/// The first step at or after `step` that `skips` (sorted, merged) does not drop.
+std::uint64_t next_delivered(std::uint64_t step,
+                             const std::vector<std::pair<std::uint64_t, std::uint64_t>>& skips) {
+  for (const auto& [first, last] : skips)
+    if (first <= step && step <= last) step = last == UINT64_MAX ? last : last + 1;
+  return step;
+}
+
+std::uint64_t batch_bytes(const Batch& b) {
+  std::uint64_t n = 0;
+  for (const auto& [id, t] : b.fields) n += t.nbytes();
+  return n;
+}
+
+}  // namespace
+
+int cmd_run(std::span<const std::string> argv) {
+  Args args(argv,
+            {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
+             "--set", "--digests", "--provenance", "--workers", "--progress-interval"},
+            {"--resume"});
+  if (args.help()) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (args.positional().size() != 1)
+    throw UsageError("expected one pipeline file, got " + std::to_string(args.positional().size()) +
+                     " arguments");
+  const std::string path = args.positional()[0];
+  const std::optional<std::uint64_t> steps = args.uint("--steps");
+  const std::optional<std::uint64_t> workers = args.uint("--workers", 1, 1024);
+  const double interval = static_cast<double>(args.uint("--progress-interval").value_or(10));
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> new_skips;
+  for (const auto& s : args.values("--skip")) new_skips.push_back(parse_skip(s));
+
+  bool moved = false;
+  const PipelineConfig config = args.has("--digests")
+                                    ? load_pipeline_on_host(path, args.values("--set"), &moved)
+                                    : load_pipeline(path, args.values("--set"));
+  if (moved) note("--digests hashes host memory: device_copy delivers to the cpu in this run");
+
+  std::string ckpt_dir = config.checkpoint ? config.checkpoint->dir : "";
+  if (auto d = args.value("--checkpoint-dir")) ckpt_dir = *d;
+  std::uint64_t every = config.checkpoint ? config.checkpoint->every_steps : 0;
+  if (auto k = args.uint("--checkpoint-every")) every = *k;
+  std::size_t keep = config.checkpoint ? config.checkpoint->keep : 0;
+  if (auto k = args.uint("--keep")) keep = static_cast<std::size_t>(*k);
+  if (ckpt_dir.empty() && (args.has("--resume") || args.has("--checkpoint-every")))
+    throw UsageError(std::string(args.has("--resume") ? "--resume" : "--checkpoint-every") +
+                     " needs a checkpoint directory (--checkpoint-dir, or checkpoint.dir in "
+                     "the pipeline)");
+
+  LoaderOptions options;
+  options.epochs = args.uint("--epochs").value_or(config.epochs);
+  if (workers) options.workers = static_cast<int>(*workers);
+  Loader loader(config.pipeline, options);
+
+  std::optional<std::uint64_t> checkpointed;  // steps consumed at the last checkpoint
+  if (args.has("--resume")) {
+    std::optional<CheckpointFound> found = loader.restore(ckpt_dir);
+    if (found) {
+      for (const auto& s : found->skipped) note("skipped checkpoint " + s);
+      note("resumed from " + found->path + ": continuing with step " + std::to_string(found->step));
+      checkpointed = found->step;
+    } else {
+      // (Checkpoints that all fail to verify are a CheckpointError, not a fresh start.)
+      note("no checkpoint in '" + ckpt_dir + "'; starting from the beginning");
+    }
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> skips = loader.state_struct().skips;
+  for (const auto& [a, b] : new_skips) {
+    const bool known = std::any_of(skips.begin(), skips.end(), [&, a = a, b = b](const auto& r) {
+      return r.first <= a && b <= r.second;
+    });
+    if (known) continue;  // already in the state (a resumed run given the same --skip)
+    loader.skip(a, b);
+    skips = loader.state_struct().skips;
+  }
+
+  LineOutput digests(args.value("--digests"), "--digests");
+  LineOutput provenance(args.value("--provenance"), "--provenance");
+  SignalScope signals;
+  Progress progress(interval);
+  const auto start = Clock::now();
+
+  std::optional<std::uint64_t> last = loader.last_step();
+  std::optional<std::uint64_t> first_step, last_epoch;
+  std::uint64_t batches = 0, samples = 0, bytes = 0;
+  std::future<std::string> pending;
+  std::string last_checkpoint;
+  auto finish_pending = [&] {
+    if (!pending.valid()) return;
+    last_checkpoint = pending.get();
+    progress.clear();
+    note("checkpoint " + last_checkpoint);
+  };
+
+  std::string reason;
+  for (;;) {
+    const std::uint64_t next = next_delivered(last ? *last + 1 : 0, skips);
+    if (steps && next >= *steps) {
+      reason = batches == 0 ? "already at --steps " + std::to_string(*steps)
+                            : "reached --steps " + std::to_string(*steps);
+      break;
+    }
+    if (int sig = g_signal.load(); sig != 0) {
+      reason = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      break;
+    }
+    std::optional<Batch> b = loader.next();
+    if (!b) {
+      reason = "end of data";
+      break;
+    }
+    const BatchInfo& info = b->info;
+    last = info.step;
+    if (!first_step) first_step = info.step;
+    last_epoch = info.epoch;
+    ++batches;
+    samples += info.num_samples;
+    const std::uint64_t nbytes = batch_bytes(*b);
+    bytes += nbytes;
+    const std::string prefix = std::to_string(info.step) + " " + std::to_string(info.epoch) + " " +
+                               std::to_string(info.index_in_epoch);
+    if (digests) digests.write(prefix + " " + hex64(b->digest()));
+    if (provenance) {
+      std::string line = prefix;
+      for (const Ref& r : info.refs) line += " " + r.to_string();
+      provenance.write(line);
+    }
+    progress.batch(*b, nbytes);
+    if (!ckpt_dir.empty() && every > 0 && (info.step + 1) % every == 0) {
+      finish_pending();
+      pending = loader.save_checkpoint_async(ckpt_dir, {.keep = keep});
+      checkpointed = info.step + 1;
+    }
+  }
+  finish_pending();
+  progress.clear();
+  if (!ckpt_dir.empty() && last && checkpointed != *last + 1) {
+    last_checkpoint = loader.save_checkpoint(ckpt_dir, {.keep = keep});
+    note("checkpoint " + last_checkpoint);
+  }
+
+  const double secs = std::max(seconds_since(start), 1e-9);
+  std::string summary = "run finished (" + reason + "): " + std::to_string(batches) + " batches";
+  if (first_step)
+    summary += ", steps " + std::to_string(*first_step) + ".." + std::to_string(*last) +
+               ", epoch " + std::to_string(*last_epoch);
+  char rates[160];
+  std::snprintf(rates, sizeof(rates), ", %llu samples, %s in %.3f s (%ssamples/s, %s/s)",
+                static_cast<unsigned long long>(samples),
+                format_bytes(static_cast<double>(bytes)).c_str(), secs,
+                format_count(static_cast<double>(samples) / secs).c_str(),
+                format_bytes(static_cast<double>(bytes) / secs).c_str());
+  note(summary + rates);
+  return kExitOk;
+}
+
+}  // namespace flowstate::cli

@@ -1,0 +1,52 @@
+// `flowstate schema`: the registered node types and map transforms with their parameters —
+// documentation derived from the same schemas the YAML loader validates against.
+#include "cli/command.h"
+#include "graph/registry.h"
+#include "graph/transforms.h"
+
+namespace flowstate::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: flowstate schema [NAME]\n\n"
+    "Lists the top-level keys, every node type and every map transform with its\n"
+    "parameters (type, default, range, whether it is free). With NAME, only that node type\n"
+    "or transform.\n";
+
+}  // namespace
+
+int cmd_schema(std::span<const std::string> argv) {
+  Args args(argv, {});
+  if (args.help()) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (args.positional().size() > 1) throw UsageError("expected at most one name");
+  const std::string only = args.positional().empty() ? "" : args.positional()[0];
+  const Registry& nodes = Registry::builtin();
+  const TransformRegistry& transforms = TransformRegistry::builtin();
+  std::string out;
+  bool found = false;
+  if (only.empty()) {
+    out += "pipeline (top-level keys; also source, nodes):\n" +
+           describe_params(pipeline_params(), "  ") + "\ncheckpoint:\n" +
+           describe_params(checkpoint_params(), "  ") + "\n";
+  }
+  for (const auto& n : nodes.nodes()) {
+    if (!only.empty() && n.type != only) continue;
+    found = true;
+    out += n.type + (n.source ? " (a source: `source: {type: " + n.type + ", ...}`)" : "") + ": " +
+           n.doc + "\n" + describe_params(n.params, "  ") + "\n";
+  }
+  for (const auto& t : transforms.transforms()) {
+    if (!only.empty() && t.name != only) continue;
+    found = true;
+    out += "map fn: " + t.name + (t.make_batch ? "" : " (before batch only)") + ": " + t.doc +
+           "\n" + describe_params(t.params, "  ") + "\n";
+  }
+  if (!only.empty() && !found) throw UsageError("no node type or transform named '" + only + "'");
+  std::fputs(out.c_str(), stdout);
+  return kExitOk;
+}
+
+}  // namespace flowstate::cli

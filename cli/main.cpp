@@ -1,0 +1,108 @@
+// The `flowstate` command: `flowstate COMMAND [ARGS...]`. Each command lives in
+// cli/cmd_NAME.cpp and defines `int flowstate::cli::cmd_NAME(std::span<const std::string>)`.
+// Errors are exceptions up to here, where they become `flowstate: error: ...` on stderr and an
+// exit status: 2 usage or configuration, 3 data, 4 checkpoint, 1 anything else.
+#include <cstdio>
+#include <exception>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+
+// The command table: adding a command is one line here (plus its cli/cmd_NAME.cpp, which
+// cli/CMakeLists.txt picks up). X(name, one-line summary).
+#define FLOWSTATE_CLI_COMMANDS(X)                                                    \
+  X(gen, "write a synthetic records data set (gen records --out DIR ...)")           \
+  X(run, "run a YAML pipeline as a trainer would, with checkpoints and resume")      \
+  X(validate, "check a YAML pipeline; print the resolved graph and its fingerprint") \
+  X(inspect, "print what a checkpoint holds")                                        \
+  X(verify, "prove exact resume for a pipeline through real checkpoint files")       \
+  X(bench, "measure a YAML pipeline's throughput and where its time goes")           \
+  X(schema, "list the node types and map transforms with their parameters")
+
+namespace flowstate::cli {
+
+#define FLOWSTATE_DECLARE(name, summary) int cmd_##name(std::span<const std::string> args);
+FLOWSTATE_CLI_COMMANDS(FLOWSTATE_DECLARE)
+#undef FLOWSTATE_DECLARE
+
+#if !defined(FLOWSTATE_CLI_BENCH)
+// Built without the benchmark harness (FLOWSTATE_BUILD_BENCH=OFF): say so.
+int cmd_bench(std::span<const std::string>) {
+  std::fprintf(stderr,
+               "flowstate: error: this flowstate was built without the benchmark harness; "
+               "configure with -DFLOWSTATE_BUILD_BENCH=ON\n");
+  return kExitUsage;
+}
+#endif
+
+namespace {
+
+struct Command {
+  std::string_view name;
+  std::string_view summary;
+  CommandFn run;
+};
+
+#define FLOWSTATE_ENTRY(name, summary) Command{#name, summary, &cmd_##name},
+constexpr Command kCommands[] = {FLOWSTATE_CLI_COMMANDS(FLOWSTATE_ENTRY)};
+#undef FLOWSTATE_ENTRY
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: flowstate COMMAND [ARGS...]   (flowstate COMMAND --help for details)\n\n"
+               "commands:\n");
+  for (const auto& c : kCommands)
+    std::fprintf(out, "  %-10.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
+                 static_cast<int>(c.summary.size()), c.summary.data());
+  std::fprintf(out,
+               "\nexit status: 0 success, 1 failure found (verify), 2 usage or configuration "
+               "error,\n3 data error, 4 checkpoint error\n");
+}
+
+int fail(int status, const std::string& message) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "flowstate: error: %s\n", message.c_str());
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    usage(stderr);
+    return kExitUsage;
+  }
+  if (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    usage(stdout);
+    return kExitOk;
+  }
+  const Command* command = nullptr;
+  for (const auto& c : kCommands)
+    if (c.name == args[0]) command = &c;
+  if (command == nullptr) {
+    usage(stderr);
+    return fail(kExitUsage, "unknown command '" + args[0] + "'");
+  }
+  try {
+    return command->run(std::span<const std::string>(args).subspan(1));
+  } catch (const UsageError& e) {
+    return fail(kExitUsage, std::string(e.what()) + " (see 'flowstate " + args[0] + " --help')");
+  } catch (const ConfigError& e) {
+    return fail(kExitUsage, error_message(e));
+  } catch (const DataError& e) {
+    return fail(kExitData, error_message(e));
+  } catch (const CheckpointError& e) {
+    return fail(kExitCheckpoint, error_message(e));
+  } catch (const std::exception& e) {
+    return fail(kExitFailed, error_message(e));
+  }
+}
+
+}  // namespace flowstate::cli
+
+int main(int argc, char** argv) { return flowstate::cli::main(argc, argv); }

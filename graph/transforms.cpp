@@ -1,0 +1,477 @@
+#include "graph/transforms.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+
+namespace flowstate {
+
+// ---- registry ----
+
+void TransformRegistry::add(TransformSchema schema) {
+  if (schema.name.empty())
+    throw std::invalid_argument("TransformRegistry::add: a transform needs a name");
+  if (find(schema.name) != nullptr)
+    throw std::invalid_argument("TransformRegistry::add: transform '" + schema.name +
+                                "' is already registered");
+  if (!schema.make_sample)
+    throw std::invalid_argument("TransformRegistry::add: transform '" + schema.name +
+                                "' has no make_sample");
+  for (const auto& p : schema.params)
+    if (p.name == "fn" || p.name == "workers")
+      throw std::invalid_argument("TransformRegistry::add: transform '" + schema.name +
+                                  "' declares '" + p.name + "', a parameter of map itself");
+  transforms_.push_back(std::move(schema));
+}
+
+const TransformSchema* TransformRegistry::find(std::string_view name) const {
+  for (const auto& t : transforms_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::vector<std::string> TransformRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& t : transforms_) out.push_back(t.name);
+  return out;
+}
+
+TransformRegistry TransformRegistry::with_builtins() {
+  TransformRegistry r;
+  register_builtin_transforms(r);
+  return r;
+}
+
+const TransformRegistry& TransformRegistry::builtin() {
+  static const TransformRegistry r = with_builtins();
+  return r;
+}
+
+ParamSchema field_param() {
+  return {.name = "field",
+          .type = ParamType::kString,
+          .default_value = std::string("data"),
+          .doc = "the field read and replaced"};
+}
+
+ConfigError param_error(const Params& p, std::string_view param, const std::string& message) {
+  std::string key = p.key(param);
+  std::string where = p.where(param);
+  return ConfigError(key, (where.empty() ? "" : where + ": ") + key + ": " + message);
+}
+
+// ---- helpers ----
+
+namespace {
+
+/// Calls f.template operator()<T>() with the C++ type of `t`.
+template <class F>
+decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kUInt8:
+      return f.template operator()<std::uint8_t>();
+    case DType::kInt8:
+      return f.template operator()<std::int8_t>();
+    case DType::kUInt16:
+      return f.template operator()<std::uint16_t>();
+    case DType::kInt16:
+      return f.template operator()<std::int16_t>();
+    case DType::kUInt32:
+      return f.template operator()<std::uint32_t>();
+    case DType::kInt32:
+      return f.template operator()<std::int32_t>();
+    case DType::kUInt64:
+      return f.template operator()<std::uint64_t>();
+    case DType::kInt64:
+      return f.template operator()<std::int64_t>();
+    case DType::kFloat32:
+      return f.template operator()<float>();
+    case DType::kFloat64:
+      return f.template operator()<double>();
+    case DType::kBool:
+      return f.template operator()<bool>();
+  }
+  throw std::invalid_argument("unknown dtype");
+}
+
+std::vector<std::string> dtype_names() {
+  std::vector<std::string> out;
+  for (int i = 0; i <= static_cast<int>(DType::kBool); ++i)
+    out.emplace_back(dtype_name(static_cast<DType>(i)));
+  return out;
+}
+
+ParamSchema dtype_param(std::string doc) {
+  return {.name = "dtype",
+          .type = ParamType::kString,
+          .doc = std::move(doc),
+          .required = true,
+          .choices = dtype_names()};
+}
+
+/// Reads element i of a tensor's bytes as T (bools as 0/1, whatever byte they hold).
+template <class T>
+T load(const std::byte* p, std::size_t i) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return p[i] != std::byte{0};
+  } else {
+    T v;
+    std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+    return v;
+  }
+}
+
+template <class T>
+void store(std::byte* p, std::size_t i, T v) {
+  std::memcpy(p + i * sizeof(T), &v, sizeof(T));
+}
+
+/// Value conversion of `cast`: integers wrap (as static_cast does), floating-point values
+/// going to integers truncate and saturate, NaN becomes 0, anything non-zero becomes true.
+template <class Out, class In>
+Out convert(In v) {
+  if constexpr (std::is_same_v<Out, bool>) {
+    return v != In{};
+  } else if constexpr (std::is_floating_point_v<In> && std::is_integral_v<Out>) {
+    if (std::isnan(v)) return Out{0};
+    if (v <= static_cast<In>(std::numeric_limits<Out>::min()))
+      return std::numeric_limits<Out>::min();
+    if (v >= static_cast<In>(std::numeric_limits<Out>::max()))
+      return std::numeric_limits<Out>::max();
+    return static_cast<Out>(v);
+  } else {
+    return static_cast<Out>(v);
+  }
+}
+
+Tensor cast_tensor(const Tensor& in, DType to) {
+  if (in.dtype() == to) return in;
+  Tensor out(to, in.shape());
+  const auto* src = static_cast<const std::byte*>(in.data());
+  auto* dst = static_cast<std::byte*>(out.data());
+  const auto n = static_cast<std::size_t>(in.numel());
+  visit_dtype(in.dtype(), [&]<class In>() {
+    visit_dtype(to, [&]<class Out>() {
+      for (std::size_t i = 0; i < n; ++i) store<Out>(dst, i, convert<Out>(load<In>(src, i)));
+    });
+  });
+  return out;
+}
+
+Tensor normalize_tensor(const Tensor& in, double mean, double std) {
+  Tensor out(DType::kFloat32, in.shape());
+  const auto* src = static_cast<const std::byte*>(in.data());
+  auto* dst = static_cast<float*>(out.data());
+  const auto n = static_cast<std::size_t>(in.numel());
+  const double inv = 1.0 / std;
+  visit_dtype(in.dtype(), [&]<class In>() {
+    for (std::size_t i = 0; i < n; ++i)
+      dst[i] = static_cast<float>((static_cast<double>(load<In>(src, i)) - mean) * inv);
+  });
+  return out;
+}
+
+/// The field a transform works on, by id; a missing field is a configuration error.
+class FieldRef {
+ public:
+  explicit FieldRef(const Params& p) : name_(p.string("field")), id_(field_id(name_)) {}
+  const Tensor& get(const Fields& fields, const Params& p) const {
+    const Tensor* t = fields.find(id_);
+    if (t == nullptr) {
+      std::string have;
+      for (const auto& [id, unused] : fields)
+        have += (have.empty() ? "" : ", ") + std::string(field_name(id));
+      throw param_error(
+          p, "field",
+          "no field '" + name_ + "' to transform (the " +
+              (have.empty() ? std::string("input has no fields") : "fields are: " + have) + ")");
+    }
+    return *t;
+  }
+  FieldId id() const { return id_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  FieldId id_;
+};
+
+// ---- decode ----
+
+std::string check_decode_shape(const ParamValue& v) {
+  const auto& dims = std::get<std::vector<std::int64_t>>(v);
+  if (dims.size() > Shape::kMaxRank - 1)
+    return "has " + std::to_string(dims.size()) + " dimensions; at most " +
+           std::to_string(Shape::kMaxRank - 1) + " are supported";
+  int inferred = 0;
+  for (auto d : dims) {
+    if (d == -1) {
+      ++inferred;
+    } else if (d < 0) {
+      return "dimension " + std::to_string(d) + " is negative (use -1 for one inferred dimension)";
+    }
+  }
+  if (inferred > 1) return "may infer (-1) at most one dimension";
+  return "";
+}
+
+/// The decoding of one row of `row_bytes` bytes.
+struct DecodeSpec {
+  DType dtype;
+  std::optional<std::vector<std::int64_t>> dims;  ///< none: 1-D, inferred
+
+  Shape row_shape(std::size_t row_bytes, const Params& p, const std::string& field) const {
+    const std::size_t elem = dtype_size(dtype);
+    auto mismatch = [&](const std::string& need) {
+      return param_error(p, dims ? "shape" : "dtype",
+                         "field '" + field + "' holds " + std::to_string(row_bytes) +
+                             " bytes per sample, " + need);
+    };
+    if (!dims) {
+      if (row_bytes % elem != 0)
+        throw mismatch("not a multiple of the " + std::to_string(elem) + "-byte " +
+                       std::string(dtype_name(dtype)));
+      return Shape{static_cast<std::int64_t>(row_bytes / elem)};
+    }
+    std::vector<std::int64_t> d = *dims;
+    std::uint64_t known = 1;
+    std::size_t infer = d.size();
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      if (d[i] == -1)
+        infer = i;
+      else
+        known *= static_cast<std::uint64_t>(d[i]);
+    }
+    Shape want = Shape::of(d);
+    std::string want_text = "but " + std::string(dtype_name(dtype)) + " " + want.to_string();
+    if (infer < d.size()) {
+      if (known == 0 || row_bytes % (known * elem) != 0)
+        throw mismatch(want_text + " cannot cover them evenly");
+      d[infer] = static_cast<std::int64_t>(row_bytes / (known * elem));
+    } else if (known * elem != row_bytes) {
+      throw mismatch(want_text + " needs " + std::to_string(known * elem) + " bytes");
+    }
+    return Shape::of(d);
+  }
+};
+
+/// The bytes of `in` (rows × row shape) reinterpreted as little-endian `dtype`. Zero-copy
+/// when the host is little-endian and the data is aligned; bools are normalized to 0/1.
+Tensor decode_bytes(const Tensor& in, DType dtype, const Shape& shape) {
+  const std::size_t elem = dtype_size(dtype);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(in.data()) % elem == 0;
+  if (std::endian::native == std::endian::little && aligned && dtype != DType::kBool)
+    return Tensor(in.buffer(), in.offset(), dtype, shape);
+  Tensor out(dtype, shape);
+  const auto* src = static_cast<const std::byte*>(in.data());
+  auto* dst = static_cast<std::byte*>(out.data());
+  const std::size_t n = out.nbytes();
+  if (dtype == DType::kBool) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = std::byte{src[i] != std::byte{0}};
+  } else if (std::endian::native == std::endian::little || elem == 1) {
+    std::memcpy(dst, src, n);
+  } else {
+    for (std::size_t i = 0; i < n; i += elem)
+      for (std::size_t b = 0; b < elem; ++b) dst[i + b] = src[i + elem - 1 - b];
+  }
+  return out;
+}
+
+DecodeSpec decode_spec(const Params& p) {
+  DecodeSpec s{parse_dtype(p.string("dtype"), p.key("dtype")), std::nullopt};
+  if (p.has("shape")) s.dims = p.ints("shape");
+  return s;
+}
+
+TransformSchema decode_transform() {
+  TransformSchema t;
+  t.name = "decode";
+  t.doc = "little-endian record bytes -> a tensor of dtype and shape";
+  t.params = {field_param(),
+              dtype_param("element type of the decoded tensor"),
+              {.name = "shape",
+               .type = ParamType::kIntList,
+               .doc = "shape of one sample's tensor; -1 infers one dimension",
+               .default_doc = "1-D, from the record size",
+               .check = check_decode_shape}};
+  t.make_sample = [](const Params& p) -> SampleFn {
+    DecodeSpec spec = decode_spec(p);
+    FieldRef field(p);
+    return [spec, field, p](Sample& s, MapContext&) {
+      const Tensor& in = field.get(s, p);
+      Shape shape = spec.row_shape(in.nbytes(), p, field.name());
+      s.set(field.id(), decode_bytes(in, spec.dtype, shape));
+    };
+  };
+  t.make_batch = [](const Params& p) -> BatchFn {
+    DecodeSpec spec = decode_spec(p);
+    FieldRef field(p);
+    return [spec, field, p](Batch& b, MapContext&) {
+      const Tensor& in = field.get(b.fields, p);
+      if (in.shape().rank() == 0)
+        throw param_error(p, "field", "field '" + field.name() + "' is a scalar, not a batch");
+      const std::int64_t rows = in.shape()[0];
+      const std::size_t row_bytes = rows == 0 ? 0 : in.nbytes() / static_cast<std::size_t>(rows);
+      Shape shape = spec.row_shape(row_bytes, p, field.name()).prepend(rows);
+      b.fields.set(field.id(), decode_bytes(in, spec.dtype, shape));
+    };
+  };
+  return t;
+}
+
+// ---- cast ----
+
+TransformSchema cast_transform() {
+  TransformSchema t;
+  t.name = "cast";
+  t.doc = "converts values to dtype (integers wrap; floats to integers saturate, NaN -> 0)";
+  t.params = {field_param(), dtype_param("the new element type")};
+  t.make_sample = [](const Params& p) -> SampleFn {
+    const DType to = parse_dtype(p.string("dtype"), p.key("dtype"));
+    const FieldRef field(p);
+    return [to, field, p](Sample& s, MapContext&) {
+      s.set(field.id(), cast_tensor(field.get(s, p), to));
+    };
+  };
+  t.make_batch = [](const Params& p) -> BatchFn {
+    const DType to = parse_dtype(p.string("dtype"), p.key("dtype"));
+    const FieldRef field(p);
+    return [to, field, p](Batch& b, MapContext&) {
+      b.fields.set(field.id(), cast_tensor(field.get(b.fields, p), to));
+    };
+  };
+  return t;
+}
+
+// ---- normalize ----
+
+TransformSchema normalize_transform() {
+  TransformSchema t;
+  t.name = "normalize";
+  t.doc = "(x - mean) / std, as float32";
+  t.params = {field_param(),
+              {.name = "mean",
+               .type = ParamType::kFloat,
+               .default_value = 0.0,
+               .doc = "subtracted from every value"},
+              {.name = "std",
+               .type = ParamType::kFloat,
+               .default_value = 1.0,
+               .doc = "divides every value; > 0",
+               .check = [](const ParamValue& v) -> std::string {
+                 return std::get<double>(v) > 0 ? "" : "must be greater than zero";
+               }}};
+  t.make_sample = [](const Params& p) -> SampleFn {
+    double mean = p.real("mean"), std = p.real("std");
+    FieldRef field(p);
+    return [mean, std, field, p](Sample& s, MapContext&) {
+      s.set(field.id(), normalize_tensor(field.get(s, p), mean, std));
+    };
+  };
+  t.make_batch = [](const Params& p) -> BatchFn {
+    double mean = p.real("mean"), std = p.real("std");
+    FieldRef field(p);
+    return [mean, std, field, p](Batch& b, MapContext&) {
+      b.fields.set(field.id(), normalize_tensor(field.get(b.fields, p), mean, std));
+    };
+  };
+  return t;
+}
+
+// ---- slice / random_crop ----
+
+/// Rows [start, start + length) of the first dimension, sharing the bytes.
+Tensor rows(const Tensor& in, std::int64_t start, std::int64_t length) {
+  Shape shape = in.shape();
+  const std::size_t row_bytes =
+      shape[0] == 0 ? 0 : in.nbytes() / static_cast<std::size_t>(shape[0]);
+  shape[0] = length;
+  return Tensor(in.buffer(), in.offset() + static_cast<std::size_t>(start) * row_bytes, in.dtype(),
+                shape);
+}
+
+const Tensor& first_dim_field(const Sample& s, const FieldRef& field, const Params& p,
+                              std::string_view length_param, std::uint64_t need) {
+  const Tensor& in = field.get(s, p);
+  if (in.shape().rank() == 0)
+    throw param_error(p, "field",
+                      "field '" + field.name() + "' is a scalar; there is no dimension to cut");
+  if (static_cast<std::uint64_t>(in.shape()[0]) < need)
+    throw param_error(p, length_param,
+                      "needs " + std::to_string(need) + " rows, but field '" + field.name() +
+                          "' has shape " + in.shape().to_string() + " in record " +
+                          s.ref.to_string());
+  return in;
+}
+
+TransformSchema slice_transform() {
+  TransformSchema t;
+  t.name = "slice";
+  t.doc = "the rows [start, start + length) of the first dimension";
+  t.params = {field_param(),
+              {.name = "start",
+               .type = ParamType::kUInt,
+               .default_value = std::uint64_t{0},
+               .doc = "first row",
+               .max = 9.0e15},
+              {.name = "length",
+               .type = ParamType::kUInt,
+               .doc = "rows kept",
+               .required = true,
+               .min = 1,
+               .max = 9.0e15}};
+  t.make_sample = [](const Params& p) -> SampleFn {
+    auto start = static_cast<std::int64_t>(p.uint("start"));
+    auto length = static_cast<std::int64_t>(p.uint("length"));
+    FieldRef field(p);
+    return [start, length, field, p](Sample& s, MapContext&) {
+      const Tensor& in =
+          first_dim_field(s, field, p, "length", static_cast<std::uint64_t>(start + length));
+      s.set(field.id(), rows(in, start, length));
+    };
+  };
+  return t;
+}
+
+TransformSchema random_crop_transform() {
+  TransformSchema t;
+  t.name = "random_crop";
+  t.doc = "length consecutive rows of the first dimension at a random start";
+  t.params = {field_param(),
+              {.name = "length",
+               .type = ParamType::kUInt,
+               .doc = "rows kept",
+               .required = true,
+               .min = 1,
+               .max = 9.0e15}};
+  t.make_sample = [](const Params& p) -> SampleFn {
+    auto length = static_cast<std::int64_t>(p.uint("length"));
+    FieldRef field(p);
+    return [length, field, p](Sample& s, MapContext& ctx) {
+      const Tensor& in = first_dim_field(s, field, p, "length", static_cast<std::uint64_t>(length));
+      // The element's own generator: the same start for any worker count and after a resume.
+      auto start = static_cast<std::int64_t>(
+          ctx.rng.below(static_cast<std::uint64_t>(in.shape()[0] - length) + 1));
+      s.set(field.id(), rows(in, start, length));
+    };
+  };
+  return t;
+}
+
+}  // namespace
+
+void register_builtin_transforms(TransformRegistry& registry) {
+  registry.add(decode_transform());
+  registry.add(cast_transform());
+  registry.add(normalize_transform());
+  registry.add(slice_transform());
+  registry.add(random_crop_transform());
+}
+
+}  // namespace flowstate

@@ -1,0 +1,760 @@
+#include "graph/yaml.h"
+
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "graph/registry.h"
+#include "graph/transforms.h"
+
+namespace flowstate {
+namespace {
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+/// Optimal string alignment distance: insertions, deletions, substitutions and transpositions
+/// of neighbours each cost 1.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+/// "; did you mean 'size'?" when one of `known` is close to `name` (one edit for short names,
+/// two for longer ones), else "".
+std::string suggestion(std::string_view name, const std::vector<std::string>& known) {
+  if (name.size() > 64) return "";
+  std::string best;
+  std::size_t best_d = name.size() <= 4 ? 2 : 3;
+  for (const auto& k : known) {
+    std::size_t d = edit_distance(name, k);
+    if (d < best_d) {
+      best_d = d;
+      best = k;
+    }
+  }
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
+}
+
+/// What a YAML node is, for "expected X, got Y" messages.
+std::string describe_node(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Scalar:
+      if (n.Tag() == "!") return "the quoted string \"" + n.Scalar() + "\"";
+      return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+bool is_plain_scalar(const YAML::Node& n) { return n.IsScalar() && n.Tag() != "!"; }
+
+/// Records where each document starts, building nothing.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+/// The start marks of at most `limit` documents of `text`. Not YAML::LoadAll: yaml-cpp 0.7's
+/// loops forever on some malformed input ("?{\n#\n,"), where its parser keeps reporting a
+/// document without consuming anything (fixed upstream by jbeder/yaml-cpp#1319).
+std::vector<YAML::Mark> document_starts(const std::string& text, std::size_t limit) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts handler;
+  while (handler.starts.size() < limit && parser.HandleNextDocument(handler)) {
+  }
+  return handler.starts;
+}
+
+/// One override: the key path it sets and how to name it in messages.
+struct Override {
+  std::string key;
+  std::string text;  ///< "--set key=value"
+};
+
+/// A segment of a key path: a map key or a list index.
+struct Segment {
+  std::string key;
+  std::optional<std::size_t> index;
+};
+
+/// A node of `nodes:` (or the source) after its structure was checked.
+struct NodeEntry {
+  const NodeSchema* schema = nullptr;
+  std::string key;       ///< "nodes[2].shuffle" or "source"
+  std::string list_key;  ///< "nodes[2]" or "source"
+  YAML::Node at;         ///< the entry, for messages about the node as a whole
+  Params params;
+};
+
+class YamlLoader {
+ public:
+  YamlLoader(std::string origin, const YamlOptions& options, std::filesystem::path base_dir)
+      : origin_(std::move(origin)),
+        options_(options),
+        base_dir_(std::move(base_dir)),
+        registry_(options.registry != nullptr ? *options.registry : Registry::builtin()),
+        transforms_(options.transforms != nullptr ? *options.transforms
+                                                  : TransformRegistry::builtin()) {}
+
+  PipelineConfig load(std::string_view text) {
+    YAML::Node root;
+    try {
+      const std::string input(text);
+      const std::vector<YAML::Mark> starts = document_starts(input, 2);
+      root = YAML::Load(input);
+      if (starts.empty() || root.IsNull())
+        throw ConfigError("", origin_ +
+                                  ": the pipeline is empty (expected a map with source, "
+                                  "nodes, ...)");
+      if (starts.size() > 1) {
+        if (starts[1].pos <= starts[0].pos)
+          throw ConfigError("", location(starts[1]) + ": invalid YAML: unexpected content");
+        throw ConfigError("", location(starts[1]) +
+                                  ": a pipeline file holds one YAML document, and another one "
+                                  "starts here");
+      }
+    } catch (const YAML::Exception& e) {
+      throw ConfigError("", location(e.mark) + ": invalid YAML: " + e.msg);
+    }
+    try {
+      for (const auto& o : options_.overrides) apply_override(root, o);
+      return interpret(root);
+    } catch (const YAML::Exception& e) {
+      // Not expected from a checked tree; still a configuration problem, never a crash.
+      throw ConfigError("", location(e.mark) + ": " + e.msg);
+    }
+  }
+
+ private:
+  // ---- locations and errors ----
+
+  std::string location(const YAML::Mark& m) const {
+    if (m.is_null()) return origin_;
+    return origin_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+  }
+
+  /// Where the value at `key` was written: its override, or its place in the file.
+  std::string where(const YAML::Node& n, const std::string& key) const {
+    for (auto it = overrides_.rbegin(); it != overrides_.rend(); ++it) {
+      const std::string& k = it->key;
+      if (key == k || (key.size() > k.size() && key.compare(0, k.size(), k) == 0 &&
+                       (key[k.size()] == '.' || key[k.size()] == '[')))
+        return it->text;
+    }
+    if (!n.IsDefined()) return origin_;
+    return location(n.Mark());
+  }
+
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& key,
+                         const std::string& message) const {
+    throw ConfigError(key, where(at, key) + ": " + (key.empty() ? "" : key + ": ") + message);
+  }
+
+  // ---- overrides ----
+
+  std::vector<Segment> parse_key_path(const std::string& path, const std::string& text) const {
+    std::vector<Segment> out;
+    std::size_t i = 0;
+    auto bad = [&](const std::string& why) -> ConfigError {
+      return ConfigError(path, text + ": bad key path '" + path + "': " + why);
+    };
+    auto ident_char = [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '_' || c == '-';
+    };
+    while (i < path.size()) {
+      if (path[i] == '[') {
+        if (out.empty()) throw bad("it starts with an index");
+        std::size_t close = path.find(']', i);
+        if (close == std::string::npos) throw bad("unclosed '['");
+        std::string digits = path.substr(i + 1, close - i - 1);
+        std::size_t idx = 0;
+        auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), idx);
+        if (digits.empty() || ec != std::errc() || p != digits.data() + digits.size())
+          throw bad("'[" + digits + "]' is not a list index");
+        out.push_back({"", idx});
+        i = close + 1;
+      } else {
+        if (!out.empty()) {
+          if (path[i] != '.') throw bad("expected '.' or '[' at '" + path.substr(i) + "'");
+          ++i;
+        }
+        std::size_t start = i;
+        while (i < path.size() && ident_char(path[i])) ++i;
+        if (i == start) throw bad("empty key");
+        out.push_back({path.substr(start, i - start), std::nullopt});
+      }
+    }
+    if (out.empty()) throw bad("empty key");
+    return out;
+  }
+
+  static std::optional<YAML::Node> child(const YAML::Node& map, const std::string& key) {
+    for (auto it = map.begin(); it != map.end(); ++it)
+      if (it->first.IsScalar() && it->first.Scalar() == key) return YAML::Node(it->second);
+    return std::nullopt;
+  }
+
+  void apply_override(YAML::Node& root, const std::string& spec) {
+    const std::string text = "--set " + spec;
+    std::size_t eq = spec.find('=');
+    if (eq == std::string::npos)
+      throw ConfigError("", text + ": expected key.path=value (e.g. --set seed=7)");
+    const std::string path = spec.substr(0, eq);
+    std::vector<Segment> segs = parse_key_path(path, text);
+    YAML::Node value;
+    try {
+      value = YAML::Load(spec.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(path, text + ": the value is not valid YAML: " + e.msg);
+    }
+    if (!root.IsMap()) throw ConfigError(path, text + ": the pipeline is not a map");
+    YAML::Node cur(root);
+    std::string at;
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      const Segment& s = segs[i];
+      const bool last = i + 1 == segs.size();
+      if (s.index) {
+        if (!cur.IsSequence())
+          throw ConfigError(
+              path, text + ": '" + at + "' is not a list (it is " + describe_node(cur) + ")");
+        if (*s.index >= cur.size())
+          throw ConfigError(path, text + ": '" + at + "' has " + std::to_string(cur.size()) +
+                                      " entries; there is no " + at + "[" +
+                                      std::to_string(*s.index) + "]");
+        at += "[" + std::to_string(*s.index) + "]";
+        if (last) {
+          cur[*s.index] = value;
+        } else {
+          YAML::Node next = cur[*s.index];
+          cur.reset(next);
+        }
+      } else {
+        if (cur.IsNull()) cur = YAML::Node(YAML::NodeType::Map);  // "checkpoint:" with no value
+        if (cur.IsScalar() && cur.Scalar() == s.key) {
+          // A bare node name ("- shard") given parameters: {shard: {...}}.
+          YAML::Node expanded(YAML::NodeType::Map);
+          expanded[s.key] = YAML::Node(YAML::NodeType::Map);
+          cur = expanded;
+        }
+        if (!cur.IsMap())
+          throw ConfigError(
+              path, text + ": '" + at + "' is not a map (it is " + describe_node(cur) + ")");
+        at += (at.empty() ? "" : ".") + s.key;
+        if (last) {
+          cur[s.key] = value;
+        } else {
+          std::optional<YAML::Node> next = child(cur, s.key);
+          if (!next) {
+            if (segs[i + 1].index) throw ConfigError(path, text + ": '" + at + "' does not exist");
+            cur[s.key] = YAML::Node(YAML::NodeType::Map);
+            next = child(cur, s.key);
+          }
+          cur.reset(*next);
+        }
+      }
+    }
+    overrides_.push_back({path, text});
+  }
+
+  // ---- values ----
+
+  enum class IntText : std::uint8_t { kOk, kBad, kTooLarge };
+
+  /// Parses a plain integer scalar: decimal or 0x-hexadecimal, with an optional sign.
+  static IntText parse_integer(const std::string& s, bool& negative, std::uint64_t& magnitude) {
+    std::size_t i = 0;
+    negative = false;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) negative = s[i++] == '-';
+    int base = 10;
+    if (s.size() - i > 2 && s[i] == '0' && (s[i + 1] == 'x' || s[i + 1] == 'X')) {
+      base = 16;
+      i += 2;
+    }
+    if (i >= s.size()) return IntText::kBad;
+    auto [p, ec] = std::from_chars(s.data() + i, s.data() + s.size(), magnitude, base);
+    if (p != s.data() + s.size()) return IntText::kBad;
+    if (ec == std::errc::result_out_of_range) return IntText::kTooLarge;
+    return ec == std::errc() ? IntText::kOk : IntText::kBad;
+  }
+
+  std::uint64_t parse_uint(const YAML::Node& n, const ParamSchema& p,
+                           const std::string& key) const {
+    bool negative = false;
+    std::uint64_t v = 0;
+    IntText r = is_plain_scalar(n) ? parse_integer(n.Scalar(), negative, v) : IntText::kBad;
+    if (r == IntText::kBad) fail(n, key, "expected an unsigned integer, got " + describe_node(n));
+    if (negative && (v != 0 || r == IntText::kTooLarge)) {
+      ParamSchema bounds = p;
+      if (!bounds.min) bounds.min = 0;
+      fail(n, key, check_number(bounds, -1.0, n.Scalar()));
+    }
+    if (r == IntText::kTooLarge) {
+      if (!p.max)
+        fail(n, key, n.Scalar() + " is out of range (must be at most 18446744073709551615)");
+      fail(n, key, check_number(p, 1e30, n.Scalar()));
+    }
+    return v;
+  }
+
+  std::int64_t parse_int(const YAML::Node& n, const std::string& key) const {
+    bool negative = false;
+    std::uint64_t v = 0;
+    IntText r = is_plain_scalar(n) ? parse_integer(n.Scalar(), negative, v) : IntText::kBad;
+    if (r == IntText::kBad) fail(n, key, "expected an integer, got " + describe_node(n));
+    constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    if (r == IntText::kTooLarge || (negative ? v > kMax + 1 : v > kMax))
+      fail(n, key, n.Scalar() + " is out of range for a 64-bit integer");
+    return negative ? static_cast<std::int64_t>(~v + 1) : static_cast<std::int64_t>(v);
+  }
+
+  double parse_float(const YAML::Node& n, const std::string& key) const {
+    double v = 0;
+    bool ok = false;
+    if (is_plain_scalar(n)) {
+      const std::string& s = n.Scalar();
+      const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+      auto [p, ec] = std::from_chars(b, s.data() + s.size(), v);
+      ok = ec == std::errc() && p == s.data() + s.size() && std::isfinite(v);
+    }
+    if (!ok) fail(n, key, "expected a finite number, got " + describe_node(n));
+    return v;
+  }
+
+  ParamValue parse_value(const YAML::Node& n, const ParamSchema& p, const std::string& key) const {
+    ParamValue v;
+    switch (p.type) {
+      case ParamType::kBool: {
+        static const std::set<std::string> kTrue{"true", "True", "TRUE"};
+        static const std::set<std::string> kFalse{"false", "False", "FALSE"};
+        if (is_plain_scalar(n) && kTrue.count(n.Scalar()))
+          v = true;
+        else if (is_plain_scalar(n) && kFalse.count(n.Scalar()))
+          v = false;
+        else
+          fail(n, key, "expected a boolean (true or false), got " + describe_node(n));
+        break;
+      }
+      case ParamType::kUInt:
+        v = parse_uint(n, p, key);
+        break;
+      case ParamType::kInt:
+        v = parse_int(n, key);
+        break;
+      case ParamType::kFloat:
+        v = parse_float(n, key);
+        break;
+      case ParamType::kString:
+        if (!n.IsScalar()) fail(n, key, "expected a string, got " + describe_node(n));
+        v = n.Scalar();
+        break;
+      case ParamType::kStringList: {
+        std::vector<std::string> list;
+        if (n.IsScalar()) {
+          list.push_back(n.Scalar());
+        } else if (n.IsSequence()) {
+          for (std::size_t i = 0; i < n.size(); ++i) {
+            if (!n[i].IsScalar())
+              fail(n[i], key + "[" + std::to_string(i) + "]",
+                   "expected a string, got " + describe_node(n[i]));
+            list.push_back(n[i].Scalar());
+          }
+        } else {
+          fail(n, key, "expected a string or a list of strings, got " + describe_node(n));
+        }
+        v = std::move(list);
+        break;
+      }
+      case ParamType::kIntList: {
+        std::vector<std::int64_t> list;
+        if (n.IsScalar()) {
+          list.push_back(parse_int(n, key));
+        } else if (n.IsSequence()) {
+          for (std::size_t i = 0; i < n.size(); ++i)
+            list.push_back(parse_int(n[i], key + "[" + std::to_string(i) + "]"));
+        } else {
+          fail(n, key, "expected an integer or a list of integers, got " + describe_node(n));
+        }
+        v = std::move(list);
+        break;
+      }
+    }
+    std::string problem = check_param(p, v);
+    if (!problem.empty()) fail(n, key, problem);
+    return v;
+  }
+
+  // ---- parameter maps ----
+
+  /// Validates the parameter map `map` (null: none given) of the thing at `key` against
+  /// `schemas`, filling in defaults. `at` locates the thing itself; `ignore` lists keys
+  /// handled by the caller; `what` names it in the unknown-key message.
+  Params parse_params(const YAML::Node& map, const YAML::Node& at, const std::string& key,
+                      const std::vector<const std::vector<ParamSchema>*>& schemas,
+                      const std::string& what, const std::set<std::string>& ignore = {}) const {
+    auto join_key = [&](const std::string& name) { return key.empty() ? name : key + "." + name; };
+    std::vector<std::pair<std::string, std::string>> wheres{{"", where(at, key)}};
+    std::vector<std::pair<std::string, ParamValue>> given;  // document order
+    if (map.IsDefined() && !map.IsNull()) {
+      if (!map.IsMap()) fail(map, key, "parameters must be a map, got " + describe_node(map));
+      std::set<std::string> seen;
+      for (auto it = map.begin(); it != map.end(); ++it) {
+        const YAML::Node k(it->first);
+        if (!k.IsScalar()) fail(k, key, "keys must be strings, got " + describe_node(k));
+        const std::string name = k.Scalar();
+        const std::string pkey = join_key(name);
+        if (!seen.insert(name).second) fail(k, pkey, "duplicate key '" + name + "'");
+        if (ignore.count(name)) continue;
+        const ParamSchema* schema = find_param(schemas, name);
+        if (schema == nullptr) {
+          std::vector<std::string> known(ignore.begin(), ignore.end());
+          for (const auto* list : schemas)
+            for (const auto& p : *list) known.push_back(p.name);
+          fail(k, pkey,
+               "unknown parameter '" + name + "' of " + what + " (known: " + join(known) + ")" +
+                   suggestion(name, known));
+        }
+        const YAML::Node value(it->second);
+        given.emplace_back(name, parse_value(value, *schema, pkey));
+        // yaml-cpp marks an empty (null) value at the next token: point at its key instead.
+        wheres.emplace_back(name, where(value.IsNull() ? k : value, pkey));
+      }
+    }
+    std::vector<std::pair<std::string, ParamValue>> values;  // schema order
+    for (const auto* list : schemas) {
+      for (const auto& p : *list) {
+        auto g = std::find_if(given.begin(), given.end(),
+                              [&](const auto& e) { return e.first == p.name; });
+        if (g != given.end()) {
+          values.emplace_back(p.name, std::move(g->second));
+        } else if (p.required) {
+          fail(map.IsDefined() && !map.IsNull() ? map : at, join_key(p.name),
+               "missing required parameter '" + p.name + "'");
+        } else if (p.default_value) {
+          values.emplace_back(p.name, *p.default_value);
+        }
+      }
+    }
+    return Params(key, std::move(values), std::move(wheres));
+  }
+
+  static const ParamSchema* find_param(const std::vector<const std::vector<ParamSchema>*>& schemas,
+                                       const std::string& name) {
+    for (const auto* list : schemas)
+      for (const auto& p : *list)
+        if (p.name == name) return &p;
+    return nullptr;
+  }
+
+  /// Validates a node's parameters, resolving a dispatching parameter (map's `fn`) first.
+  Params node_params(const NodeSchema& schema, const YAML::Node& map, const YAML::Node& at,
+                     const std::string& key, const std::string& what,
+                     const std::set<std::string>& ignore = {}) const {
+    std::vector<const std::vector<ParamSchema>*> schemas{&schema.params};
+    if (!schema.dispatch.empty() && schema.extra_params) {
+      std::optional<YAML::Node> d;
+      if (map.IsMap()) d = child(map, schema.dispatch);
+      if (d) {
+        const std::string dkey = key + "." + schema.dispatch;
+        if (!d->IsScalar()) fail(*d, dkey, "expected a string, got " + describe_node(*d));
+        const auto* extra = schema.extra_params(transforms_, d->Scalar());
+        if (extra == nullptr) {
+          std::vector<std::string> known = schema.dispatch_choices
+                                               ? schema.dispatch_choices(transforms_)
+                                               : std::vector<std::string>{};
+          fail(*d, dkey,
+               "unknown transform '" + d->Scalar() + "' (known: " + join(known) + ")" +
+                   suggestion(d->Scalar(), known));
+        }
+        schemas.push_back(extra);
+      }
+    }
+    return parse_params(map, at, key, schemas, what, ignore);
+  }
+
+  // ---- the pipeline ----
+
+  PipelineConfig interpret(const YAML::Node& root) {
+    if (!root.IsMap())
+      fail(root, "",
+           "a pipeline is a map with the keys seed, source, nodes, ... (got " +
+               describe_node(root) + ")");
+    static const std::vector<std::string> kTop{"seed",   "source",  "nodes",
+                                               "epochs", "workers", "checkpoint"};
+    YAML::Node source, nodes, checkpoint;
+    bool has_source = false, has_nodes = false, has_checkpoint = false;
+    std::set<std::string> seen;
+    for (auto it = root.begin(); it != root.end(); ++it) {
+      const YAML::Node k(it->first);
+      if (!k.IsScalar()) fail(k, "", "keys must be strings, got " + describe_node(k));
+      const std::string name = k.Scalar();
+      if (!seen.insert(name).second) fail(k, name, "duplicate key '" + name + "'");
+      if (name == "source") {
+        source.reset(it->second);
+        source_key_.reset(k);
+        has_source = true;
+      } else if (name == "nodes") {
+        nodes.reset(it->second);
+        nodes_key_.reset(k);
+        has_nodes = true;
+      } else if (name == "checkpoint") {
+        checkpoint.reset(it->second);
+        checkpoint_key_.reset(k);
+        has_checkpoint = true;
+      } else if (std::find(kTop.begin(), kTop.end(), name) == kTop.end()) {
+        fail(k, name,
+             "unknown top-level key '" + name + "' (known: " + join(kTop) + ")" +
+                 suggestion(name, kTop));
+      }
+    }
+    Params top = parse_params(root, root, "", {&pipeline_params()}, "the pipeline",
+                              {"source", "nodes", "checkpoint"});
+
+    std::vector<NodeEntry> entries;
+    if (!has_source)
+      fail(root, "source", "missing required key 'source' (e.g. source: {type: records, ...})");
+    entries.push_back(source_entry(source));
+    if (!has_nodes)
+      fail(root, "nodes", "missing required key 'nodes' (a pipeline needs at least a batch node)");
+    if (!nodes.IsSequence())
+      fail(nodes.IsNull() ? nodes_key_ : nodes, "nodes",
+           "expected a list of nodes, got " + describe_node(nodes));
+    for (std::size_t i = 0; i < nodes.size(); ++i) entries.push_back(node_entry(nodes[i], i));
+    check_structure(entries, nodes);
+
+    PipelineConfig config;
+    config.origin = origin_;
+    config.epochs = top.uint("epochs");
+    if (has_checkpoint) {
+      Params c = parse_params(checkpoint.IsNull() ? YAML::Node() : checkpoint,
+                              checkpoint.IsNull() ? checkpoint_key_ : checkpoint, "checkpoint",
+                              {&checkpoint_params()}, "checkpoint");
+      CheckpointConfig cc;
+      std::filesystem::path dir(c.string("dir"));
+      cc.dir = dir.is_relative() && !base_dir_.empty() ? (base_dir_ / dir).string() : dir.string();
+      cc.every_steps = c.uint("every_steps");
+      cc.keep = static_cast<std::size_t>(c.uint("keep"));
+      config.checkpoint = cc;
+    }
+    config.pipeline = build(entries, top);
+    return config;
+  }
+
+  NodeEntry source_entry(const YAML::Node& source) const {
+    const std::vector<std::string> sources = registry_.names(true);
+    if (!source.IsMap())
+      fail(source.IsNull() ? source_key_ : source, "source",
+           "expected a map like {type: records, ...}, got " + describe_node(source));
+    std::optional<YAML::Node> type = child(source, "type");
+    if (!type)
+      fail(source, "source.type", "missing required key 'type' (known: " + join(sources) + ")");
+    if (!type->IsScalar())
+      fail(*type, "source.type", "expected a source type, got " + describe_node(*type));
+    const std::string name = type->Scalar();
+    const NodeSchema* schema = registry_.find(name);
+    if (schema == nullptr)
+      fail(*type, "source.type",
+           "unknown source type '" + name + "' (known: " + join(sources) + ")" +
+               suggestion(name, sources));
+    if (!schema->source)
+      fail(*type, "source.type",
+           "'" + name + "' is not a source (sources: " + join(sources) + "); put it in nodes");
+    NodeEntry e;
+    e.schema = schema;
+    e.key = "source";
+    e.list_key = "source";
+    e.at = source;
+    e.params = node_params(*schema, source, source, "source", name + " source", {"type"});
+    return e;
+  }
+
+  NodeEntry node_entry(const YAML::Node& n, std::size_t i) const {
+    const std::string list_key = "nodes[" + std::to_string(i) + "]";
+    YAML::Node type_node, params;
+    if (n.IsScalar()) {
+      type_node.reset(n);
+    } else if (n.IsMap() && n.size() == 1) {
+      type_node.reset(n.begin()->first);
+      params.reset(n.begin()->second);
+      if (!type_node.IsScalar())
+        fail(type_node, list_key, "a node type is a string, got " + describe_node(type_node));
+    } else {
+      std::string got =
+          n.IsMap() ? "a map with " + std::to_string(n.size()) + " keys" : describe_node(n);
+      fail(n, list_key, "a node is a one-key map like '- shuffle: {size: 1024}', got " + got);
+    }
+    const std::string type = type_node.Scalar();
+    const NodeSchema* schema = registry_.find(type);
+    const std::vector<std::string> known = registry_.names(false);
+    if (schema == nullptr)
+      fail(type_node, list_key,
+           "unknown node type '" + type + "' (known: " + join(known) + ")" +
+               suggestion(type, known));
+    if (schema->source)
+      fail(type_node, list_key, "'" + type + "' is a source; it goes under 'source:'");
+    NodeEntry e;
+    e.schema = schema;
+    e.key = list_key + "." + type;
+    e.list_key = list_key;
+    e.at = n;
+    e.params = node_params(*schema, params, n.IsMap() ? type_node : n, e.key, type);
+    return e;
+  }
+
+  /// The pipeline-wide rules the builder checks too, reported at the node that breaks them.
+  void check_structure(const std::vector<NodeEntry>& entries, const YAML::Node& nodes) const {
+    const NodeEntry* batch = nullptr;
+    const NodeEntry* copy = nullptr;
+    for (std::size_t i = 1; i < entries.size(); ++i) {
+      const NodeEntry& e = entries[i];
+      if (e.schema->type == "batch") {
+        if (batch != nullptr)
+          fail(e.at, e.key,
+               "a pipeline has exactly one batch node, and " + batch->list_key + " is one");
+        batch = &e;
+      }
+      if (e.schema->type == "device_copy") {
+        if (copy != nullptr)
+          fail(e.at, e.key,
+               "a pipeline has at most one device_copy, and " + copy->list_key + " is one");
+        copy = &e;
+        if (i + 1 != entries.size()) fail(e.at, e.key, "device_copy must be the last node");
+      }
+    }
+    if (batch == nullptr)
+      fail(nodes.size() > 0 ? nodes : nodes_key_, "nodes",
+           "a pipeline needs a batch node (e.g. '- batch: {size: 256}')");
+  }
+
+  Pipeline build(const std::vector<NodeEntry>& entries, const Params& top) const {
+    Pipeline::Builder b;
+    b.seed(top.uint("seed"));
+    b.workers(static_cast<int>(top.uint("workers")));
+    // The builder names nodes by type (or a map by its transform), made unique with "#k":
+    // the same names here place its errors, which name nodes, at their entries.
+    std::vector<std::string> names;
+    bool after_batch = false;
+    for (const NodeEntry& e : entries) {
+      NodeContext ctx{b, e.params, base_dir_, transforms_, after_batch};
+      try {
+        e.schema->add(ctx);
+      } catch (const ConfigError& err) {
+        rethrow_at(e, err);
+      }
+      const std::string base = e.schema->node_name ? e.schema->node_name(e.params) : e.schema->type;
+      std::string name = base;
+      for (int k = 2; std::find(names.begin(), names.end(), name) != names.end(); ++k)
+        name = base + "#" + std::to_string(k);
+      names.push_back(name);
+      after_batch = after_batch || e.schema->type == "batch";
+    }
+    try {
+      return b.build();
+    } catch (const ConfigError& err) {
+      for (std::size_t i = 0; i < names.size(); ++i)
+        if (names[i] == err.key()) fail(entries[i].at, entries[i].key, err.what());
+      fail(nodes_key_, "nodes", err.what());
+    }
+  }
+
+  /// Rethrows a node's own ConfigError with the full key path and the location.
+  [[noreturn]] void rethrow_at(const NodeEntry& e, const ConfigError& err) const {
+    const std::string& k = err.key();
+    const std::string& type = e.schema->type;
+    // A transform's param_error is complete: a full key, already located.
+    if ((k == e.key || k.rfind(e.key + ".", 0) == 0) &&
+        std::string_view(err.what()).find(k + ": ") != std::string_view::npos)
+      throw err;
+    std::string param;
+    if (k.rfind(e.key + ".", 0) == 0)
+      param = k.substr(e.key.size() + 1);
+    else if (k.rfind(type + ".", 0) == 0)
+      param = k.substr(type.size() + 1);
+    else if (k != type && (e.params.has(k) || find_param({&e.schema->params}, k) != nullptr))
+      param = k;
+    const std::string full = param.empty() ? e.key : e.key + "." + param;
+    throw ConfigError(full, e.params.where(param) + ": " + full + ": " + err.what());
+  }
+
+  std::string origin_;
+  const YamlOptions& options_;
+  std::filesystem::path base_dir_;
+  const Registry& registry_;
+  const TransformRegistry& transforms_;
+  std::vector<Override> overrides_;
+  YAML::Node source_key_, nodes_key_, checkpoint_key_;
+};
+
+}  // namespace
+
+PipelineConfig load_yaml_string(std::string_view text, const std::string& origin,
+                                const YamlOptions& options) {
+  YamlLoader loader(origin, options, options.base_dir.value_or(std::filesystem::path()));
+  return loader.load(text);
+}
+
+PipelineConfig load_yaml_file(const std::string& path, const YamlOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("", "cannot read pipeline '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError("", "cannot read pipeline '" + path + "': read error");
+  std::filesystem::path base = options.base_dir.value_or(std::filesystem::path(path).parent_path());
+  YamlLoader loader(path, options, base);
+  return loader.load(text.str());
+}
+
+Pipeline from_yaml_file(const std::string& path, const YamlOptions& options) {
+  return load_yaml_file(path, options).pipeline;
+}
+
+Pipeline from_yaml_string(std::string_view text, const std::string& origin,
+                          const YamlOptions& options) {
+  return load_yaml_string(text, origin, options).pipeline;
+}
+
+}  // namespace flowstate

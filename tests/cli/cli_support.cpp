@@ -1,0 +1,110 @@
+#include "tests/cli/cli_support.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace flowstate::testing {
+
+std::string cli_path() { return FLOWSTATE_CLI; }
+std::string source_dir() { return FLOWSTATE_SOURCE_DIR; }
+
+CliProcess::CliProcess(const std::vector<std::string>& args, const std::string& cwd) {
+  static std::atomic<int> counter{0};
+  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  out_path_ = cwd + "/.cli-out-" + tag;
+  err_path_ = cwd + "/.cli-err-" + tag;
+  // Everything the child needs is prepared before fork: between fork and exec it only makes
+  // async-signal-safe calls.
+  std::vector<std::string> argv_s{cli_path()};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (out < 0 || err < 0 || in < 0) throw std::runtime_error("cannot open output files");
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    if (::chdir(cwd.c_str()) != 0) ::_exit(125);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(126);
+  }
+  ::close(out);
+  ::close(err);
+  ::close(in);
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+}
+
+CliProcess::~CliProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  ::unlink(out_path_.c_str());
+  ::unlink(err_path_.c_str());
+}
+
+void CliProcess::signal(int sig) const {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+CliResult CliProcess::wait(double timeout_s) {
+  CliResult r;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  for (;;) {
+    pid_t p = ::waitpid(pid_, &status, WNOHANG);
+    if (p == pid_) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "flowstate did not finish within " << timeout_s << " s; killed";
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  pid_ = -1;
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(out_path_);
+  r.err = read_file(err_path_);
+  return r;
+}
+
+CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd) {
+  CliProcess p(args, cwd);
+  return p.wait();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+}  // namespace flowstate::testing

@@ -1,0 +1,54 @@
+// Runs the built `flowstate` binary as a user would: in a given directory, with stdout and
+// stderr captured, optionally in the background so a test can signal it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/support/testing.h"
+
+namespace flowstate::testing {
+
+/// Path of the built binary (a compile definition from CMake).
+std::string cli_path();
+/// Path of the source tree (for examples/ and fuzz/).
+std::string source_dir();
+
+/// How a finished command ended.
+struct CliResult {
+  int status = -1;  ///< exit status; 128 + signal when killed by a signal
+  std::string out;  ///< stdout
+  std::string err;  ///< stderr
+};
+
+/// A running `flowstate` process whose output goes to files in its directory.
+class CliProcess {
+ public:
+  /// Starts `flowstate args...` in `cwd`.
+  CliProcess(const std::vector<std::string>& args, const std::string& cwd);
+  ~CliProcess();
+  CliProcess(const CliProcess&) = delete;
+  CliProcess& operator=(const CliProcess&) = delete;
+
+  void signal(int sig) const;
+  /// Waits for the end (killing the process after `timeout_s`, which fails the test).
+  CliResult wait(double timeout_s = 60);
+
+ private:
+  pid_t pid_ = -1;
+  std::string out_path_, err_path_;
+};
+
+/// Runs `flowstate args...` in `cwd` to completion.
+CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd);
+
+/// The whole contents of a file ("" when it does not exist).
+std::string read_file(const std::string& path);
+/// The lines of a file.
+std::vector<std::string> read_lines(const std::string& path);
+void write_file(const std::string& path, const std::string& text);
+
+}  // namespace flowstate::testing

@@ -1,0 +1,568 @@
+// The `flowstate` command run as a user would: from a temporary directory, on data it
+// generates itself, checking outputs, exit statuses and messages.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "core/hash.h"
+#include "graph/loader.h"
+#include "graph/yaml.h"
+#include "tests/cli/cli_support.h"
+
+namespace flowstate {
+namespace {
+
+using testing::CliProcess;
+using testing::CliResult;
+using testing::read_file;
+using testing::read_lines;
+using testing::run_cli;
+using testing::TempDir;
+using testing::write_file;
+
+namespace fs = std::filesystem;
+
+/// 2000 records of 64 bytes in 4 shards; batches of 16: 125 steps per epoch.
+constexpr const char* kPipeline =
+    "seed: 21\n"
+    "source: {type: records, paths: data/*.bin, record_bytes: 64}\n"
+    "nodes:\n"
+    "  - shuffle: {mode: buffer, size: 300}\n"
+    "  - map: {fn: random_crop, length: 40, workers: 2}\n"
+    "  - batch: {size: 16}\n"
+    "  - prefetch: {depth: 3}\n"
+    "epochs: 2\n";
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CliResult r = run({"gen", "records", "--out", "data", "--records", "2000", "--record-bytes",
+                       "64", "--shards", "4"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    write_file(dir_ / "p.yaml", kPipeline);
+  }
+
+  CliResult run(const std::vector<std::string>& args) { return run_cli(args, dir_.str()); }
+  std::string path(const std::string& name) const { return dir_ / name; }
+
+  /// Digest lines of the pipeline computed in process, for `steps` batches.
+  std::vector<std::string> expected_digests(std::size_t steps, int epochs = 2) {
+    Loader loader(from_yaml_file(path("p.yaml")), {.epochs = static_cast<std::uint64_t>(epochs)});
+    std::vector<std::string> out;
+    while (out.size() < steps) {
+      auto b = loader.next();
+      if (!b) break;
+      out.push_back(std::to_string(b->info.step) + " " + std::to_string(b->info.epoch) + " " +
+                    std::to_string(b->info.index_in_epoch) + " " + hex64(b->digest()));
+    }
+    return out;
+  }
+
+  TempDir dir_;
+};
+
+/// "step-000000000120"
+std::string step_dir(std::uint64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%012llu", static_cast<unsigned long long>(step));
+  return buf;
+}
+
+/// The lines of a digests file with one line per step (a resumed run repeats none; when it
+/// does, the repeats must be identical).
+std::vector<std::string> by_step(const std::vector<std::string>& lines) {
+  std::map<std::uint64_t, std::string> m;
+  for (const auto& l : lines) {
+    const std::uint64_t step = std::stoull(l.substr(0, l.find(' ')));
+    auto [it, inserted] = m.emplace(step, l);
+    EXPECT_TRUE(inserted || it->second == l) << "step " << step << " differs: " << l;
+  }
+  std::vector<std::string> out;
+  for (auto& [s, l] : m) out.push_back(l);
+  return out;
+}
+
+// ---- gen ----
+
+TEST_F(Cli, GenWritesTheDocumentedRecords) {
+  TempDir ref;
+  testing::write_records(ref.str(), 2000, 64, 4, 7);
+  for (int s = 0; s < 4; ++s) {
+    const std::string name = "part-0000" + std::to_string(s) + ".bin";
+    EXPECT_EQ(read_file(path("data/" + name)), read_file(ref / name)) << name;
+  }
+  std::size_t bins = 0;
+  for (const auto& e : fs::directory_iterator(path("data"))) bins += e.path().extension() == ".bin";
+  EXPECT_EQ(bins, 4u);
+}
+
+TEST_F(Cli, GenTruncatesTheIndexOfShortRecordsAndHonoursTheSeed) {
+  CliResult r = run({"gen", "records", "--out", "short", "--records", "300", "--record-bytes", "3",
+                     "--seed", "9"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string bytes = read_file(path("short/part-00000.bin"));
+  ASSERT_EQ(bytes.size(), 900u);
+  EXPECT_EQ(static_cast<unsigned char>(bytes[3 * 258]), 258 % 256);
+  EXPECT_EQ(static_cast<unsigned char>(bytes[3 * 258 + 1]), 1);
+  EXPECT_EQ(static_cast<unsigned char>(bytes[3 * 258 + 2]), 0);
+  ASSERT_EQ(run({"gen", "records", "--out", "s9", "--records", "10", "--record-bytes", "32",
+                 "--seed", "9"})
+                .status,
+            0);
+  TempDir ref;
+  testing::write_records(ref.str(), 10, 32, 1, 9);
+  EXPECT_EQ(read_file(path("s9/part-00000.bin")), read_file(ref / "part-00000.bin"));
+}
+
+TEST_F(Cli, GenRefusesADirectoryWithOtherBinFiles) {
+  write_file(path("data/other.bin"), "x");
+  CliResult r = run({"gen", "records", "--out", "data", "--records", "10", "--record-bytes", "8",
+                     "--shards", "4"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: --out: 'data' already holds 'other.bin', which is not part of "
+            "this data set; use an empty directory (files named *.bin would be read with it)\n");
+  r = run({"gen", "records", "--records", "10", "--record-bytes", "8"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "flowstate: error: --out is required (see 'flowstate gen --help')\n");
+  r = run({"gen", "records", "--out", "x", "--records", "10", "--record-bytes", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: --record-bytes 0 is out of range (must be between 1 and "
+            "1073741824) (see 'flowstate gen --help')\n");
+}
+
+// ---- validate ----
+
+TEST_F(Cli, ValidatePrintsTheResolvedGraphAndFingerprint) {
+  CliResult r = run({"validate", "p.yaml"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Pipeline p = from_yaml_file(path("p.yaml"));
+  EXPECT_EQ(r.out, "pipeline: p.yaml\n" + p.describe() +
+                       "epochs: 2\nfingerprint: " + hex64(p.fingerprint()) + "\ndata: ok\n");
+  // Defaults are filled in; free parameters are marked.
+  EXPECT_NE(r.out.find("      seed: 0\n"), std::string::npos);
+  EXPECT_NE(r.out.find("      field: data\n"), std::string::npos);
+  EXPECT_NE(r.out.find("      workers: 2 (free)\n"), std::string::npos);
+}
+
+TEST_F(Cli, ValidateWithOverridesMatchesTheEditedFile) {
+  write_file(path("q.yaml"), std::string(kPipeline) + "checkpoint: {dir: ck, every_steps: 9}\n");
+  CliResult a = run({"validate", "p.yaml", "--set", "seed=5", "--set", "checkpoint.dir=ck", "--set",
+                     "checkpoint.every_steps=9"});
+  std::string edited = kPipeline;
+  edited.replace(edited.find("seed: 21"), 8, "seed: 5");
+  write_file(path("q.yaml"), edited + "checkpoint: {dir: ck, every_steps: 9}\n");
+  CliResult b = run({"validate", "q.yaml"});
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out.substr(a.out.find('\n')), b.out.substr(b.out.find('\n')));
+  EXPECT_NE(a.out.find("checkpoint:\n      dir: ck\n      every_steps: 9\n      keep: 0\n"),
+            std::string::npos);
+}
+
+TEST_F(Cli, ValidateReportsMissingDataUnlessToldNotToOpenIt) {
+  CliResult r = run({"validate", "p.yaml", "--set", "source.paths=nothing/*.bin"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_EQ(r.err, "flowstate: error: no file matches 'nothing/*.bin'\n");
+  r = run({"validate", "p.yaml", "--set", "source.paths=nothing/*.bin", "--no-data"});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+// ---- run ----
+
+TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
+  CliResult r =
+      run({"run", "p.yaml", "--steps", "30", "--digests", "d.txt", "--provenance", "prov.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto lines = read_lines(path("d.txt"));
+  EXPECT_EQ(lines, expected_digests(30));
+  const std::regex line_format("^[0-9]+ [0-9]+ [0-9]+ [0-9a-f]{16}$");
+  for (const auto& l : lines) EXPECT_TRUE(std::regex_match(l, line_format)) << l;
+
+  const auto prov = read_lines(path("prov.txt"));
+  ASSERT_EQ(prov.size(), 30u);
+  Loader loader(from_yaml_file(path("p.yaml")), {.epochs = 2});
+  for (const auto& l : prov) {
+    auto b = loader.next();
+    ASSERT_TRUE(b);
+    std::string want = std::to_string(b->info.step) + " " + std::to_string(b->info.epoch) + " " +
+                       std::to_string(b->info.index_in_epoch);
+    for (const auto& ref : b->info.refs) want += " " + ref.to_string();
+    EXPECT_EQ(l, want);
+  }
+  EXPECT_NE(r.err.find("run finished (reached --steps 30): 30 batches, steps 0..29, epoch 0, "
+                       "480 samples, 19.20 kB in "),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(Cli, RunToTheEndOfTheDataAndReportProgress) {
+  CliResult r = run({"run", "p.yaml", "--digests", "-", "--progress-interval", "0"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, [&] {
+    std::string s;
+    for (const auto& l : expected_digests(1000)) s += l + "\n";
+    return s;
+  }());
+  EXPECT_NE(r.err.find("run finished (end of data): 250 batches, steps 0..249, epoch 1"),
+            std::string::npos)
+      << r.err;
+  // Not a terminal: a plain line per progress report.
+  EXPECT_TRUE(std::regex_search(
+      r.err,
+      std::regex("flowstate: step 249  epoch 1  [0-9.]+ [kMG]?samples/s  [0-9.]+ [kMG]?B/s\n")))
+      << r.err;
+}
+
+TEST_F(Cli, WorkersAndSeedOverrides) {
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "20", "--workers", "1", "--digests", "w1.txt"}).status,
+            0);
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "20", "--workers", "4", "--digests", "w4.txt"}).status,
+            0);
+  ASSERT_EQ(
+      run({"run", "p.yaml", "--steps", "20", "--set", "seed=22", "--digests", "s.txt"}).status, 0);
+  EXPECT_EQ(read_lines(path("w1.txt")), read_lines(path("w4.txt")));
+  EXPECT_NE(read_lines(path("w1.txt")), read_lines(path("s.txt")));
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "300", "--epochs", "1", "--digests", "e.txt"}).status,
+            0);
+  EXPECT_EQ(read_lines(path("e.txt")).size(), 125u);
+}
+
+TEST_F(Cli, AResumedRunEqualsAnUninterruptedOne) {
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "160", "--digests", "full.txt"}).status, 0);
+  CliResult r = run({"run", "p.yaml", "--steps", "137", "--checkpoint-dir", "ck",
+                     "--checkpoint-every", "20", "--digests", "part.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // A checkpoint after each batch whose (step + 1) % 20 == 0, and one at the end.
+  for (int k : {20, 40, 60, 80, 100, 120})
+    EXPECT_NE(r.err.find("flowstate: checkpoint ck/" + step_dir(k) + "\n"), std::string::npos)
+        << k << "\n"
+        << r.err;
+  EXPECT_NE(r.err.find("flowstate: checkpoint ck/step-000000000137\n"), std::string::npos);
+  // Resume from the last periodic checkpoint, as after a crash: steps 120..136 run again.
+  fs::remove_all(path("ck/step-000000000137"));
+  r = run({"run", "p.yaml", "--steps", "160", "--checkpoint-dir", "ck", "--resume", "--digests",
+           "part.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flowstate: resumed from ck/step-000000000120: continuing with step 120\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(read_lines(path("part.txt")).size(), 137u + 40u);
+  EXPECT_EQ(by_step(read_lines(path("part.txt"))), read_lines(path("full.txt")));
+  // --steps is a global target: resuming at it runs nothing.
+  r = run({"run", "p.yaml", "--steps", "160", "--checkpoint-dir", "ck", "--resume", "--digests",
+           "part.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("run finished (already at --steps 160): 0 batches"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(read_lines(path("part.txt")).size(), 177u);
+}
+
+TEST_F(Cli, ResumeSkipsCorruptCheckpointsAndSaysWhy) {
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "30", "--checkpoint-dir", "ck", "--checkpoint-every",
+                 "10", "--keep", "2"})
+                .status,
+            0);
+  std::vector<std::string> steps;
+  for (const auto& e : fs::directory_iterator(path("ck")))
+    if (e.path().filename().string().rfind("step-", 0) == 0)
+      steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<std::string>{"step-000000000020", "step-000000000030"}));
+  // Flip a byte of the newest state.
+  std::string state = read_file(path("ck/step-000000000030/state.bin"));
+  state[state.size() / 2] ^= 1;
+  write_file(path("ck/step-000000000030/state.bin"), state);
+  CliResult r = run({"run", "p.yaml", "--steps", "40", "--checkpoint-dir", "ck", "--resume",
+                     "--digests", "d.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flowstate: skipped checkpoint ck/step-000000000030: "
+                       "'ck/step-000000000030/state.bin' is corrupt: its XXH3-64 checksum is "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("flowstate: resumed from ck/step-000000000020: continuing with step 20\n"),
+            std::string::npos);
+  auto want = expected_digests(40);
+  EXPECT_EQ(read_lines(path("d.txt")), std::vector<std::string>(want.begin() + 20, want.end()));
+}
+
+TEST_F(Cli, ResumeWithoutACheckpointStartsFresh) {
+  CliResult r = run({"run", "p.yaml", "--steps", "3", "--checkpoint-dir", "ck", "--resume",
+                     "--digests", "d.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flowstate: no checkpoint in 'ck'; starting from the beginning\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(read_lines(path("d.txt")), expected_digests(3));
+}
+
+TEST_F(Cli, ResumeRefusesCheckpointsThatAllFailToVerify) {
+  // Starting over silently would train on the same data again.
+  fs::create_directories(path("ck/step-000000000005"));
+  CliResult r = run({"run", "p.yaml", "--steps", "3", "--checkpoint-dir", "ck", "--resume"});
+  EXPECT_EQ(r.status, 4);
+  EXPECT_EQ(r.err,
+            "flowstate: error: no checkpoint under 'ck' verifies:\n"
+            "  ck/step-000000000005: 'ck/step-000000000005/MANIFEST.json' is missing: the "
+            "checkpoint is incomplete\n");
+}
+
+TEST_F(Cli, SkippedRangesAreDroppedAndRemembered) {
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "12", "--skip", "3:5", "--skip", "9:9",
+                 "--checkpoint-dir", "ck", "--digests", "d.txt"})
+                .status,
+            0);
+  std::vector<std::string> want;
+  for (const auto& l : expected_digests(12)) {
+    const int step = std::stoi(l);
+    if (!(step >= 3 && step <= 5) && step != 9) want.push_back(l);
+  }
+  EXPECT_EQ(read_lines(path("d.txt")), want);
+  // The same command line resumed: the ranges are in the state already.
+  CliResult r = run({"run", "p.yaml", "--steps", "14", "--skip", "3:5", "--skip", "9:9",
+                     "--checkpoint-dir", "ck", "--resume", "--digests", "d.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_lines(path("d.txt")).size(), want.size() + 2);
+  CliResult i = run({"inspect", "ck", "--json"});
+  ASSERT_EQ(i.status, 0) << i.err;
+  auto j = nlohmann::json::parse(i.out);
+  EXPECT_EQ(j["skipped_steps"], nlohmann::json::parse("[[3, 5], [9, 9]]"));
+  // A range that was already delivered cannot be skipped.
+  r = run(
+      {"run", "p.yaml", "--steps", "20", "--skip", "10:11", "--checkpoint-dir", "ck", "--resume"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("flowstate: error: skip range 10:11 starts at or before step 13, which "
+                       "was already delivered"),
+            std::string::npos)
+      << r.err;
+}
+
+/// Runs the pipeline forever in the background until its digests file has `lines` lines.
+void wait_for_lines(const std::string& file, std::size_t lines) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (read_lines(file).size() < lines) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress in " << file;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+void interrupt_and_resume(const std::string& dir, int sig) {
+  // Epochs 0: the run cannot end by itself; every checkpoint is fsynced, which keeps it slow
+  // enough to be stopped mid-run.
+  const std::vector<std::string> common{
+      "run", "p.yaml",    "--epochs", "0", "--checkpoint-dir", "ck", "--checkpoint-every",
+      "7",   "--digests", "int.txt"};
+  CliProcess p(common, dir);
+  wait_for_lines(dir + "/int.txt", 40);
+  p.signal(sig);
+  CliResult r = p.wait();
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+  ASSERT_NE(r.err.find("run finished (interrupted by " + name + ")"), std::string::npos) << r.err;
+  const auto before = read_lines(dir + "/int.txt");
+  const std::uint64_t last = std::stoull(before.back());
+  // The final checkpoint is the last delivered batch.
+  char ck[64];
+  std::snprintf(ck, sizeof(ck), "flowstate: checkpoint ck/step-%012llu\n",
+                static_cast<unsigned long long>(last + 1));
+  EXPECT_NE(r.err.find(ck), std::string::npos) << r.err;
+
+  std::vector<std::string> resume = common;
+  resume.insert(resume.end(), {"--resume", "--steps", std::to_string(last + 60)});
+  r = run_cli(resume, dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<std::string> uninterrupted{"run",       "p.yaml",  "--epochs",
+                                         "0",         "--steps", std::to_string(last + 60),
+                                         "--digests", "ref.txt"};
+  ASSERT_EQ(run_cli(uninterrupted, dir).status, 0);
+  // Not one batch repeated or lost.
+  EXPECT_EQ(read_lines(dir + "/int.txt"), read_lines(dir + "/ref.txt"));
+}
+
+TEST_F(Cli, SigtermMidRunThenResumeEqualsAnUninterruptedRun) {
+  interrupt_and_resume(dir_.str(), SIGTERM);
+}
+
+TEST_F(Cli, SigintStopsCleanlyToo) { interrupt_and_resume(dir_.str(), SIGINT); }
+
+// ---- errors: exit status and message ----
+
+TEST_F(Cli, ConfigurationErrorsExitWith2AndNameFileLineAndKey) {
+  std::string bad = kPipeline;
+  bad.replace(bad.find("size: 300"), 9, "size: 0");
+  write_file(path("bad.yaml"), bad);
+  CliResult r = run({"run", "bad.yaml"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: bad.yaml:4:35: nodes[0].shuffle.size: 0 is out of range (must "
+            "be at least 1)\n");
+  r = run({"run", "p.yaml", "--set", "nodes[1].map.length=100"});
+  EXPECT_EQ(r.status, 2);
+  // Found when the first sample is cropped: a configuration error all the same.
+  EXPECT_TRUE(std::regex_match(
+      r.err,
+      std::regex("flowstate: error: node 'random_crop': --set nodes\\[1\\]\\.map\\.length=100: "
+                 "nodes\\[1\\]\\.map\\.length: needs 100 rows, but field 'data' has shape "
+                 "\\[64\\] in record 0:[0-9]+\n")))
+      << r.err;
+  r = run({"validate", "missing.yaml"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: cannot read pipeline 'missing.yaml': No such file or directory\n");
+}
+
+TEST_F(Cli, DataErrorsExitWith3AndNameTheFileAndOffset) {
+  CliResult r = run({"run", "p.yaml", "--set", "source.record_bytes=48"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_EQ(r.err,
+            "flowstate: error: size of 'data/part-00000.bin' (32000 bytes) is not a multiple of "
+            "record_bytes (48) [offset 31968]\n");
+}
+
+TEST_F(Cli, CheckpointErrorsExitWith4AndSayWhatDiffers) {
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "5", "--checkpoint-dir", "ck"}).status, 0);
+  CliResult r = run({"run", "p.yaml", "--steps", "10", "--checkpoint-dir", "ck", "--resume",
+                     "--set", "nodes[2].batch.size=8"});
+  EXPECT_EQ(r.status, 4);
+  EXPECT_NE(r.err.find("flowstate: error: "), std::string::npos);
+  EXPECT_NE(r.err.find("batch.size: 16 in checkpoint, 8 now"), std::string::npos) << r.err;
+  r = run({"inspect", "nowhere"});
+  EXPECT_EQ(r.status, 4);
+  EXPECT_EQ(r.err, "flowstate: error: 'nowhere' does not exist\n");
+}
+
+TEST_F(Cli, UsageErrorsExitWith2) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string err;
+  };
+  const std::vector<Case> cases = {
+      {{"run", "p.yaml", "--bogus"},
+       "flowstate: error: unknown option '--bogus' (see 'flowstate run --help')\n"},
+      {{"run", "p.yaml", "--steps"},
+       "flowstate: error: --steps needs a value (see 'flowstate run --help')\n"},
+      {{"run", "p.yaml", "--steps", "ten"},
+       "flowstate: error: --steps expects a non-negative integer, got 'ten' (see 'flowstate "
+       "run --help')\n"},
+      {{"run", "p.yaml", "--resume"},
+       "flowstate: error: --resume needs a checkpoint directory (--checkpoint-dir, or "
+       "checkpoint.dir in the pipeline) (see 'flowstate run --help')\n"},
+      {{"run", "p.yaml", "--skip", "5:3"},
+       "flowstate: error: --skip 5:3 is reversed (A > B) (see 'flowstate run --help')\n"},
+      {{"run"},
+       "flowstate: error: expected one pipeline file, got 0 arguments (see 'flowstate "
+       "run --help')\n"},
+      {{"verify", "p.yaml"},
+       "flowstate: error: --steps is required (see 'flowstate verify --help')\n"},
+      {{"frobnicate"}, "flowstate: error: unknown command 'frobnicate'\n"},
+  };
+  for (const auto& c : cases) {
+    CliResult r = run(c.args);
+    EXPECT_EQ(r.status, 2) << c.args[0];
+    if (c.args[0] == "frobnicate")
+      EXPECT_NE(r.err.find(c.err), std::string::npos) << r.err;
+    else
+      EXPECT_EQ(r.err, c.err);
+  }
+  EXPECT_EQ(run({}).status, 2);
+}
+
+TEST_F(Cli, EveryCommandHasHelp) {
+  for (const char* c : {"gen", "run", "validate", "inspect", "verify", "schema"}) {
+    CliResult r = run({c, "--help"});
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_EQ(r.out.rfind(std::string("usage: flowstate ") + c, 0), 0u) << r.out;
+  }
+  CliResult r = run({"--help"});
+  EXPECT_EQ(r.status, 0);
+  for (const char* c : {"gen", "run", "validate", "inspect", "verify", "bench", "schema"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + c + " "), std::string::npos) << c;
+}
+
+// ---- inspect ----
+
+TEST_F(Cli, InspectShowsWhatACheckpointHolds) {
+  ASSERT_EQ(run({"run", "p.yaml", "--steps", "130", "--checkpoint-dir", "ck", "--checkpoint-every",
+                 "50", "--skip", "128:129"})
+                .status,
+            0);
+  const std::string fingerprint = hex64(from_yaml_file(path("p.yaml")).fingerprint());
+  CliResult r = run({"inspect", "ck"});  // the root: its newest checkpoint
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint: ck/step-000000000128\n"
+                       "step: 128 (batches consumed; the next batch is step 128)\n"
+                       "last delivered: step 127, epoch 1\n"
+                       "format version: 1\n"
+                       "fingerprint: " +
+                       fingerprint + "\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  random_crop.length = 40\n"), std::string::npos);
+  EXPECT_NE(r.out.find("skipped steps: 128..129\n"), std::string::npos);
+  EXPECT_NE(r.out.find("node states:\n"
+                       "  records (records): epoch 0, cursor 0\n"
+                       "  shuffle (shuffle): epoch 1, draws 48, keyframe none\n"
+                       "  batch (batch): epoch 1, next_step 128, next_index_in_epoch 3, "
+                       "epoch_started true\n"),
+            std::string::npos)
+      << r.out;
+
+  r = run({"inspect", "ck/step-000000000100", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["step"], 100);
+  EXPECT_EQ(j["last_step"], 99);
+  EXPECT_EQ(j["last_epoch"], 0);
+  EXPECT_EQ(j["fingerprint"], fingerprint);
+  ASSERT_EQ(j["nodes"].size(), 3u);
+  EXPECT_EQ(j["nodes"][1]["name"], "shuffle");
+  EXPECT_EQ(j["nodes"][1]["state"]["draws"], 1600);
+  EXPECT_EQ(j["nodes"][1]["state"]["keyframe"]["draws"], 1500);
+  EXPECT_EQ(j["nodes"][1]["state"]["keyframe"]["slots"], 300);
+  EXPECT_EQ(j["nodes"][2]["state"]["next_step"], 100);
+  EXPECT_EQ(j["pipeline"][0]["key"], "seed");
+  EXPECT_EQ(j["pipeline"][0]["value"], "21");
+}
+
+// ---- verify ----
+
+TEST_F(Cli, VerifyProvesExactResume) {
+  CliResult r = run({"verify", "p.yaml", "--steps", "140", "--trials", "4", "--seed", "3"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.rfind("reference: 140 batches uninterrupted (steps 0..139)\n", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 5);
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("trial 2: checkpoint after [0-9]+ batches \\(step-[0-9]{12}\\), restored "
+                        "with 3 workers: [0-9]+ batches identical\n")))
+      << r.out;
+  EXPECT_EQ(r.err,
+            "flowstate: verify ok: 4 restores reproduced the uninterrupted run exactly "
+            "(--seed 3)\n");
+}
+
+TEST_F(Cli, SchemaListsEveryNodeAndTransform) {
+  CliResult r = run({"schema"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* n : {"shard", "shuffle", "map", "batch", "prefetch", "device_copy"})
+    EXPECT_NE(r.out.find("\n" + std::string(n) + ": "), std::string::npos) << n;
+  EXPECT_NE(r.out.find("\nrecords (a source: `source: {type: records, ...}`): "),
+            std::string::npos);
+  for (const char* t : {"decode", "cast", "normalize", "slice", "random_crop"})
+    EXPECT_NE(r.out.find("\nmap fn: " + std::string(t)), std::string::npos) << t;
+  EXPECT_NE(r.out.find("  size (an unsigned integer, default 16384, >= 1): buffer mode: slots in "
+                       "the shuffle buffer\n"),
+            std::string::npos)
+      << r.out;
+  r = run({"schema", "nope"});
+  EXPECT_EQ(r.status, 2);
+}
+
+}  // namespace
+}  // namespace flowstate

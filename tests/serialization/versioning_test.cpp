@@ -1,0 +1,115 @@
+// Checkpoints written by other versions of flowstate, kept as small fixtures (see
+// fixtures/README.md for what each holds and how it was made).
+//
+// The fixtures' pipeline reads "data/part-*.bin", a relative path (the fingerprint holds the
+// paths as written), so each test runs in a fresh directory holding those records.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "graph/loader.h"
+#include "serialization/checkpoint.h"
+#include "tests/serialization/checkpoint_testing.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+using testing::BatchTrace;
+using testing::checkpoint_error;
+using testing::drain;
+using testing::TempDir;
+
+const std::string kFixtures = FLOWSTATE_FIXTURES_DIR;
+
+/// The pipeline every fixture was saved from, after 10 batches (so with a shuffle key-frame).
+Pipeline fixture_pipeline() {
+  return Pipeline::Builder()
+      .seed(99)
+      .workers(2)
+      .records({.paths = {"data/part-*.bin"}, .record_bytes = 16})
+      .shuffle({.mode = ShuffleMode::kBuffer, .size = 64})
+      .batch({.size = 16})
+      .build();
+}
+
+class StateVersions : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::write_records(dir_ / "data", 600, 16, 2);
+    Loader l(fixture_pipeline(), options_);
+    full_ = drain(l);
+    ASSERT_EQ(full_.size(), 76u);
+  }
+  /// Restores fixture `name` and checks the run continues exactly after its step 10.
+  void expect_resumes_exactly(const std::string& name) {
+    Loader l(fixture_pipeline(), options_);
+    auto found = l.restore(kFixtures + "/" + name);
+    ASSERT_TRUE(found);
+    EXPECT_EQ(found->step, 10u);
+    EXPECT_TRUE(found->skipped.empty());
+    auto rest = drain(l);
+    EXPECT_EQ(rest, std::vector<BatchTrace>(full_.begin() + 10, full_.end()));
+  }
+
+  TempDir dir_;
+  testing::ChangeDirectory cwd_{dir_.str()};
+  LoaderOptions options_{.epochs = 2};
+  std::vector<BatchTrace> full_;
+};
+
+TEST_F(StateVersions, LoadsACheckpointOfTheCurrentVersions) {
+  // Every state struct at version 1. If this fails, a struct's layout changed without a
+  // version bump and a version branch: old checkpoints would no longer load.
+  expect_resumes_exactly("current-v1");
+}
+
+TEST_F(StateVersions, WritesTheManifestFormatTheFixtureHas) {
+  // The manifest of the same state written today is byte-identical to the committed one.
+  const std::string fixture = kFixtures + "/current-v1/step-000000000010";
+  auto found = read_checkpoint(fixture);
+  TempDir out;
+  write_checkpoint(out.str(), 10, found.state);
+  EXPECT_EQ(testing::read_file(out / "step-000000000010/MANIFEST.json"),
+            testing::read_file(fixture + "/MANIFEST.json"));
+  EXPECT_EQ(testing::read_file(out / "LATEST"),
+            testing::read_file(kFixtures + "/current-v1/LATEST"));
+}
+
+// The two tests below need a version branch in the nodes' serialize (the diff for
+// nodes/shuffle.cpp and nodes/sources/records.h is in the review notes of this change); enable
+// them with it. Today the shuffle fixture fails as a corrupt key-frame and the records fixture
+// as "node states are truncated or corrupt" — a CheckpointError, loader unchanged, but not
+// the precise behaviour asked for.
+TEST_F(StateVersions, LoadsAShuffleStateOfVersionZero) {
+  // Version 0 of BufferShuffleState stored its key-frame as a plain vector of positions.
+  expect_resumes_exactly("shuffle-v0");
+}
+
+TEST_F(StateVersions, RefusesANewerRecordsStateAndSaysWhy) {
+  Loader l(fixture_pipeline(), options_);
+  auto before = drain(l, 3);
+  EXPECT_EQ(checkpoint_error([&] { l.restore(kFixtures + "/records-v2"); }),
+            "cannot restore " + kFixtures +
+                "/records-v2/step-000000000010: CursorState version 2 is newer than this "
+                "build's 1; upgrade flowstate");
+  auto rest = drain(l);
+  before.insert(before.end(), rest.begin(), rest.end());
+  EXPECT_EQ(before, full_);
+}
+
+TEST_F(StateVersions, ANewerStateIsRefusedWithoutChangingTheLoader) {
+  // Whatever the message, a state this build cannot read is never half-loaded.
+  Loader l(fixture_pipeline(), options_);
+  auto before = drain(l, 3);
+  EXPECT_THAT(
+      checkpoint_error([&] { l.restore(kFixtures + "/records-v2"); }),
+      ::testing::StartsWith("cannot restore " + kFixtures + "/records-v2/step-000000000010: "));
+  EXPECT_EQ(l.last_step(), 2u);
+  auto rest = drain(l);
+  before.insert(before.end(), rest.begin(), rest.end());
+  EXPECT_EQ(before, full_);
+}
+
+}  // namespace
+}  // namespace flowstate
