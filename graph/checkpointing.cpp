@@ -70,14 +70,19 @@ std::string Loader::save_checkpoint(const std::string& dir,
 
 std::future<std::string> Loader::save_checkpoint_async(const std::string& dir,
                                                        CheckpointWriteOptions options) const {
-  // The cut is taken now, on the consumer's thread; only the file I/O moves.
+  // The cut is taken now, on the consumer's thread: the last batch's stamp, immutable and
+  // shared. Encoding it moves with the file I/O.
   const std::uint64_t step = checkpoint_step(last_step_);
+  PipelineState s = state_struct_without_spine();
   WriteOrder::Turn turn = WriteOrder::take(dir);
-  return std::async(std::launch::async, [dir, step, bytes = state(), options = std::move(options),
-                                         turn = std::move(turn)]() mutable {
-    return WriteOrder::run(std::move(turn),
-                           [&] { return write_checkpoint(dir, step, bytes, options); });
-  });
+  return std::async(
+      std::launch::async, [dir, step, s = std::move(s), stamp = last_stamp_,
+                           options = std::move(options), turn = std::move(turn)]() mutable {
+        s.spine = serialize_stamp(*stamp);
+        const std::string bytes = s.encode();
+        return WriteOrder::run(std::move(turn),
+                               [&] { return write_checkpoint(dir, step, bytes, options); });
+      });
 }
 
 std::optional<CheckpointFound> Loader::restore(const std::string& dir) {

@@ -390,13 +390,18 @@ std::optional<Batch> Loader::next() {
 }
 
 PipelineState Loader::state_struct() const {
+  PipelineState s = state_struct_without_spine();
+  s.spine = serialize_stamp(*last_stamp_);
+  return s;
+}
+
+PipelineState Loader::state_struct_without_spine() const {
   PipelineState s;
   s.fingerprint = fingerprint_;
   s.canonical = canonical_;
   s.last_step = last_step_;
   s.last_epoch = last_epoch_;
   s.skips = skips_.ranges;
-  s.spine = serialize_stamp(*last_stamp_);
   return s;
 }
 

@@ -143,6 +143,8 @@ class Loader {
  private:
   class Runtime;
   void rebuild(const PipelineState& state);
+  /// state_struct() without encoding the spine (the caller encodes the stamp later).
+  PipelineState state_struct_without_spine() const;
 
   Pipeline pipeline_;
   LoaderOptions options_;

@@ -72,14 +72,6 @@ void GlobalShuffleNode::on_restored() { permutation(state_.epoch); }
 
 namespace {
 
-void put_varint(std::string& out, std::uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-
 bool get_varint(std::string_view in, std::size_t& pos, std::uint64_t& v) {
   v = 0;
   for (unsigned shift = 0; shift < 64; shift += 7) {
@@ -95,6 +87,28 @@ bool get_varint(std::string_view in, std::size_t& pos, std::uint64_t& v) {
 
 // Key-frame encoding: draws, the input cursor at that point, then every slot as
 // (cursor - 1 - position) in a varint. Recent inputs are small numbers.
+const std::string& ShuffleKeyframe::encoded(std::uint64_t& cursor) const {
+  std::call_once(once_, [&] {
+    std::uint64_t c = 0;
+    for (auto s : slots) c = std::max(c, s + 1);
+    blob_.resize(slots.size() * 10);
+    char* p = blob_.data();
+    for (auto s : slots) {
+      std::uint64_t v = c - 1 - s;
+      while (v >= 0x80) {
+        *p++ = static_cast<char>((v & 0x7F) | 0x80);
+        v >>= 7;
+      }
+      *p++ = static_cast<char>(v);
+    }
+    blob_.resize(static_cast<std::size_t>(p - blob_.data()));
+    blob_.shrink_to_fit();
+    cursor_ = c;
+  });
+  cursor = cursor_;
+  return blob_;
+}
+
 template <class Archive>
 void BufferShuffleState::save(Archive& ar, std::uint32_t) const {
   ar(epoch, draws);
@@ -102,10 +116,7 @@ void BufferShuffleState::save(Archive& ar, std::uint32_t) const {
   ar(has);
   if (!has) return;
   std::uint64_t cursor = 0;
-  for (auto s : keyframe->slots) cursor = std::max(cursor, s + 1);
-  std::string blob;
-  blob.reserve(keyframe->slots.size() * 3);
-  for (auto s : keyframe->slots) put_varint(blob, cursor - 1 - s);
+  const std::string& blob = keyframe->encoded(cursor);
   ar(keyframe->draws, cursor, static_cast<std::uint64_t>(keyframe->slots.size()), blob);
 }
 
@@ -192,9 +203,16 @@ std::size_t BufferShuffleNode::pull(std::span<Ref> out) {
     out[k] = upstream_->at(state_.epoch, draw(state_.draws));
     ++state_.draws;
     // A key-frame every `capacity_` draws bounds a restore's replay to fewer draws.
-    if (state_.draws % capacity_ == 0 && !slots_.empty())
-      state_.keyframe =
-          std::make_shared<const ShuffleKeyframe>(ShuffleKeyframe{state_.draws, slots_});
+    if (state_.draws % capacity_ == 0 && !slots_.empty()) {
+      auto kf = std::make_shared<ShuffleKeyframe>();
+      kf->draws = state_.draws;
+      kf->slots = slots_;
+      // Encoded now, while its slots are hot, on the spine's thread: every state() until the
+      // next key-frame reuses the bytes instead of encoding 16 Ki cold slots (~0.2 ms).
+      std::uint64_t cursor = 0;
+      kf->encoded(cursor);
+      state_.keyframe = std::move(kf);
+    }
   }
   return k;
 }

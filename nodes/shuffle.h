@@ -13,6 +13,8 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/permutation.h"
@@ -60,9 +62,20 @@ class GlobalShuffleNode final : public StatefulSpineNode<GlobalShuffleState> {
 };
 
 /// A key-frame of the buffer shuffle: the buffer after `draws` draws, as input positions.
+/// Immutable once shared; every stamp until the next key-frame points at the same one.
 struct ShuffleKeyframe {
   std::uint64_t draws = 0;
   std::vector<std::uint64_t> slots;
+
+  /// The slots' varint encoding and the input cursor it is relative to (see
+  /// BufferShuffleState::save), computed once and reused by every state() until the next
+  /// key-frame. Thread-safe.
+  const std::string& encoded(std::uint64_t& cursor) const;
+
+ private:
+  mutable std::once_flag once_;
+  mutable std::string blob_;
+  mutable std::uint64_t cursor_ = 0;
 };
 
 /// State of a buffer shuffle.

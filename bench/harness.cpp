@@ -1,0 +1,288 @@
+#include "bench/harness.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/error.h"
+#include "core/hash.h"
+
+namespace flowstate::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// A "Key:   123 kB" line of /proc/self/status, in bytes; 0 when absent.
+std::uint64_t proc_status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::size_t n = std::char_traits<char>::length(key);
+  while (std::getline(in, line)) {
+    if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':')
+      return std::stoull(line.substr(n + 1)) * 1024;
+  }
+  return 0;
+}
+
+std::uint64_t batch_bytes(const Batch& b) {
+  std::uint64_t n = 0;
+  for (const auto& [id, t] : b.fields) n += t.nbytes();
+  return n;
+}
+
+/// Stage counters of `after` minus those of `before` (the timed part of a run).
+std::vector<StageReport> stage_delta(const LoaderStats& before, const LoaderStats& after,
+                                     double wall_s) {
+  std::vector<StageReport> out;
+  for (const auto& a : after.stages) {
+    StageReport r{a.name};
+    std::uint64_t items = a.items, ns = a.busy_ns;
+    for (const auto& b : before.stages) {
+      if (b.name == a.name) {
+        items -= std::min(items, b.items);
+        ns -= std::min(ns, b.busy_ns);
+      }
+    }
+    r.items = items;
+    r.busy_s = static_cast<double>(ns) * 1e-9;
+    r.concurrency = a.concurrency;
+    r.utilization = wall_s > 0 ? r.busy_s / (wall_s * std::max(1, a.concurrency)) : 0;
+    r.us_per_item = items > 0 ? r.busy_s * 1e6 / static_cast<double>(items) : 0;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+RunReport run_once(const Pipeline& pipeline, const BenchOptions& o) {
+  RunReport r;
+  reset_peak_rss();
+  std::uint64_t peak_anon = anon_rss_bytes();
+  LoaderOptions lo{.epochs = o.epochs, .workers = o.workers, .prefetch = o.prefetch};
+
+  const auto t_start = Clock::now();
+  Loader loader(pipeline, lo);
+  std::optional<Batch> b = loader.next();
+  r.first_batch_s = seconds_since(t_start);
+  if (!b) return r;
+  b.reset();
+  for (std::uint64_t i = 0; i < o.warmup; ++i) {
+    if (!loader.next()) return r;
+  }
+
+  // Sampling RssAnon costs a read of /proc; do it a few dozen times per run, not per batch.
+  const std::uint64_t sample_every = std::max<std::uint64_t>(16, o.steps / 32);
+  const LoaderStats before = loader.stats();
+  const double cpu0 = process_cpu_s();
+  const auto t0 = Clock::now();
+  for (;;) {
+    if (o.steps != 0 && r.batches >= o.steps) break;
+    std::optional<Batch> batch = loader.next();
+    if (!batch) break;
+    ++r.batches;
+    r.samples += batch->info.num_samples;
+    r.bytes += batch_bytes(*batch);
+    if (r.batches % sample_every == 0) peak_anon = std::max(peak_anon, anon_rss_bytes());
+  }
+  r.seconds = seconds_since(t0);
+  r.cpu_s = process_cpu_s() - cpu0;
+  const LoaderStats after = loader.stats();
+
+  r.samples_per_s = r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0;
+  r.mb_per_s = r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds * 1e-6 : 0;
+  r.cpu_ns_per_sample = r.samples > 0 ? r.cpu_s * 1e9 / static_cast<double>(r.samples) : 0;
+  r.stages = stage_delta(before, after, r.seconds);
+  r.consumer_waits = after.consumer_waits - before.consumer_waits;
+  r.consumer_wait_s = static_cast<double>(after.consumer_wait_ns - before.consumer_wait_ns) * 1e-9;
+  r.graph_waits = after.graph_waits - before.graph_waits;
+  r.in_flight_limit = after.in_flight_limit;
+  r.peak_anon_bytes = std::max(peak_anon, anon_rss_bytes());
+  r.peak_rss_bytes = peak_rss_bytes();
+  return r;
+}
+
+}  // namespace
+
+Summary summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  const std::size_t n = v.size();
+  s.median = n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return s;
+}
+
+std::uint64_t peak_rss_bytes() {
+  if (std::uint64_t hwm = proc_status_kb("VmHWM"); hwm > 0) return hwm;
+  rusage ru{};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;  // KiB on Linux
+}
+
+std::uint64_t anon_rss_bytes() { return proc_status_kb("RssAnon"); }
+
+double process_cpu_s() {
+  rusage ru{};
+  if (::getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return s(ru.ru_utime) + s(ru.ru_stime);
+}
+
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options) {
+  if (options.repeat < 1) throw ConfigError("repeat", "repeat must be at least 1");
+  if (options.steps == 0 && options.epochs == 0)
+    throw ConfigError("steps", "steps 0 (run to the end) needs a finite number of epochs");
+  if (options.workers && *options.workers < 1)
+    throw ConfigError("workers", "workers must be at least 1");
+
+  BenchReport report;
+  report.pipeline = pipeline.describe();
+  report.fingerprint = pipeline.fingerprint();
+  report.options = options;
+  report.workers = options.workers.value_or(pipeline.workers());
+  for (const auto& n : pipeline.nodes())
+    if (!options.workers && n.workers) report.workers = std::max(report.workers, *n.workers);
+
+  std::vector<double> sps, mbps, first, cpu;
+  for (int i = 0; i < options.repeat; ++i) {
+    RunReport r = run_once(pipeline, options);
+    sps.push_back(r.samples_per_s);
+    mbps.push_back(r.mb_per_s);
+    first.push_back(r.first_batch_s);
+    cpu.push_back(r.cpu_ns_per_sample);
+    report.peak_anon_bytes = std::max(report.peak_anon_bytes, r.peak_anon_bytes);
+    report.runs.push_back(std::move(r));
+  }
+  report.samples_per_s = summarize(sps);
+  report.mb_per_s = summarize(mbps);
+  report.first_batch_s = summarize(first);
+  report.cpu_ns_per_sample = summarize(cpu);
+  rusage ru{};
+  if (::getrusage(RUSAGE_SELF, &ru) == 0)
+    report.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+  return report;
+}
+
+std::string to_json(const BenchReport& r) {
+  using nlohmann::json;
+  auto summary = [](const Summary& s) {
+    return json{{"median", s.median}, {"min", s.min}, {"max", s.max}};
+  };
+  json runs = json::array();
+  for (const auto& run : r.runs) {
+    json stages = json::array();
+    for (const auto& s : run.stages)
+      stages.push_back({{"name", s.name},
+                        {"items", s.items},
+                        {"busy_s", s.busy_s},
+                        {"concurrency", s.concurrency},
+                        {"utilization", s.utilization},
+                        {"us_per_item", s.us_per_item}});
+    runs.push_back({{"first_batch_s", run.first_batch_s},
+                    {"batches", run.batches},
+                    {"samples", run.samples},
+                    {"bytes", run.bytes},
+                    {"seconds", run.seconds},
+                    {"samples_per_s", run.samples_per_s},
+                    {"mb_per_s", run.mb_per_s},
+                    {"cpu_s", run.cpu_s},
+                    {"cpu_ns_per_sample", run.cpu_ns_per_sample},
+                    {"stages", stages},
+                    {"consumer_waits", run.consumer_waits},
+                    {"consumer_wait_s", run.consumer_wait_s},
+                    {"graph_waits", run.graph_waits},
+                    {"in_flight_limit", run.in_flight_limit},
+                    {"peak_rss_bytes", run.peak_rss_bytes},
+                    {"peak_anon_bytes", run.peak_anon_bytes}});
+  }
+  json j{{"pipeline", r.pipeline},
+         {"fingerprint", hex64(r.fingerprint)},  // a string: JSON numbers lose 64-bit values
+         {"options",
+          {{"steps", r.options.steps},
+           {"warmup", r.options.warmup},
+           {"repeat", r.options.repeat},
+           {"epochs", r.options.epochs}}},
+         {"workers", r.workers},
+         {"samples_per_s", summary(r.samples_per_s)},
+         {"mb_per_s", summary(r.mb_per_s)},
+         {"first_batch_s", summary(r.first_batch_s)},
+         {"cpu_ns_per_sample", summary(r.cpu_ns_per_sample)},
+         {"peak_rss_bytes", r.peak_rss_bytes},
+         {"peak_anon_bytes", r.peak_anon_bytes},
+         {"runs", runs}};
+  return j.dump(2);
+}
+
+void write_json(const BenchReport& report, const std::string& path) {
+  const std::string text = to_json(report) + "\n";
+  if (path == "-") {
+    std::cout << text << std::flush;
+    return;
+  }
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) throw std::runtime_error("cannot write the JSON report to '" + path + "'");
+}
+
+std::string format_report(const BenchReport& r) {
+  std::ostringstream os;
+  char line[1024];
+  auto mib = [](std::uint64_t b) { return static_cast<double>(b) / (1 << 20); };
+  std::snprintf(line, sizeof(line),
+                "samples/s   %12.0f  (min %.0f, max %.0f over %zu runs)\n"
+                "MB/s        %12.1f  (min %.1f, max %.1f)\n"
+                "first batch %12.2f ms (min %.2f, max %.2f)\n"
+                "CPU/sample  %12.0f ns (user + system, all threads)\n"
+                "peak RSS    %12.1f MiB (anonymous %.1f MiB)\n",
+                r.samples_per_s.median, r.samples_per_s.min, r.samples_per_s.max, r.runs.size(),
+                r.mb_per_s.median, r.mb_per_s.min, r.mb_per_s.max, r.first_batch_s.median * 1e3,
+                r.first_batch_s.min * 1e3, r.first_batch_s.max * 1e3, r.cpu_ns_per_sample.median,
+                mib(r.peak_rss_bytes), mib(r.peak_anon_bytes));
+  os << line;
+  if (r.runs.empty()) return os.str();
+  // The stage table of the median run.
+  std::size_t mid = 0;
+  for (std::size_t i = 0; i < r.runs.size(); ++i)
+    if (r.runs[i].samples_per_s == r.samples_per_s.median) mid = i;
+  const RunReport& run = r.runs[mid];
+  std::snprintf(line, sizeof(line), "%-10s %8s %10s %6s %8s %10s\n", "stage", "items", "busy s",
+                "conc", "util", "us/item");
+  os << line;
+  for (const auto& s : run.stages) {
+    std::snprintf(line, sizeof(line), "%-10s %8llu %10.3f %6d %7.0f%% %10.1f\n", s.name.c_str(),
+                  static_cast<unsigned long long>(s.items), s.busy_s, s.concurrency,
+                  s.utilization * 100, s.us_per_item);
+    os << line;
+  }
+  std::snprintf(line, sizeof(line),
+                "consumer waited %llu times (%.3f s): pipeline-bound; graph waited %llu times: "
+                "consumer-bound; in flight <= %zu\n",
+                static_cast<unsigned long long>(run.consumer_waits), run.consumer_wait_s,
+                static_cast<unsigned long long>(run.graph_waits), run.in_flight_limit);
+  os << line;
+  return os.str();
+}
+
+}  // namespace flowstate::bench
