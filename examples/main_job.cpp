@@ -96,9 +96,12 @@ int main(int argc, char** argv) {
   int workers = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--dir") dir = argv[i + 1];
-    else if (a == "--records") records = std::stoull(argv[i + 1]);
-    else if (a == "--workers") workers = std::stoi(argv[i + 1]);
+    if (a == "--dir")
+      dir = argv[i + 1];
+    else if (a == "--records")
+      records = std::stoull(argv[i + 1]);
+    else if (a == "--workers")
+      workers = std::stoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: main_job [--dir DIR] [--records N] [--workers W]\n");
       return 2;
@@ -160,9 +163,10 @@ int main(int argc, char** argv) {
       std::printf("FAILED: %zu batches differ from the uninterrupted run\n", mismatches);
       return 1;
     }
-    std::printf("OK: all %zu batches of the interrupted + resumed run are identical to the "
-                "uninterrupted run\n",
-                steps);
+    std::printf(
+        "OK: all %zu batches of the interrupted + resumed run are identical to the "
+        "uninterrupted run\n",
+        steps);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "main_job: error: %s\n", e.what());
