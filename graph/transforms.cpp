@@ -1,5 +1,7 @@
 #include "graph/transforms.h"
 
+#include <functional>
+
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -202,6 +204,22 @@ class FieldRef {
   FieldId id_;
 };
 
+/// Sets make_sample and make_batch of `t` from one field operation: `make_op(params)` returns
+/// the tensor -> tensor function applied to the field, per sample or to the collated batch.
+using FieldOp = std::function<Tensor(const Tensor&)>;
+void set_field_op(TransformSchema& t, std::function<FieldOp(const Params&)> make_op) {
+  t.make_sample = [make_op](const Params& p) -> SampleFn {
+    return [op = make_op(p), field = FieldRef(p), p](Sample& s, MapContext&) {
+      s.set(field.id(), op(field.get(s, p)));
+    };
+  };
+  t.make_batch = [make_op](const Params& p) -> BatchFn {
+    return [op = make_op(p), field = FieldRef(p), p](Batch& b, MapContext&) {
+      b.fields.set(field.id(), op(field.get(b.fields, p)));
+    };
+  };
+}
+
 // ---- decode ----
 
 std::string check_decode_shape(const ParamValue& v) {
@@ -332,20 +350,10 @@ TransformSchema cast_transform() {
   t.name = "cast";
   t.doc = "converts values to dtype (integers wrap; floats to integers saturate, NaN -> 0)";
   t.params = {field_param(), dtype_param("the new element type")};
-  t.make_sample = [](const Params& p) -> SampleFn {
+  set_field_op(t, [](const Params& p) -> FieldOp {
     const DType to = parse_dtype(p.string("dtype"), p.key("dtype"));
-    const FieldRef field(p);
-    return [to, field, p](Sample& s, MapContext&) {
-      s.set(field.id(), cast_tensor(field.get(s, p), to));
-    };
-  };
-  t.make_batch = [](const Params& p) -> BatchFn {
-    const DType to = parse_dtype(p.string("dtype"), p.key("dtype"));
-    const FieldRef field(p);
-    return [to, field, p](Batch& b, MapContext&) {
-      b.fields.set(field.id(), cast_tensor(field.get(b.fields, p), to));
-    };
-  };
+    return [to](const Tensor& in) { return cast_tensor(in, to); };
+  });
   return t;
 }
 
@@ -367,20 +375,10 @@ TransformSchema normalize_transform() {
                .check = [](const ParamValue& v) -> std::string {
                  return std::get<double>(v) > 0 ? "" : "must be greater than zero";
                }}};
-  t.make_sample = [](const Params& p) -> SampleFn {
-    double mean = p.real("mean"), std = p.real("std");
-    FieldRef field(p);
-    return [mean, std, field, p](Sample& s, MapContext&) {
-      s.set(field.id(), normalize_tensor(field.get(s, p), mean, std));
-    };
-  };
-  t.make_batch = [](const Params& p) -> BatchFn {
-    double mean = p.real("mean"), std = p.real("std");
-    FieldRef field(p);
-    return [mean, std, field, p](Batch& b, MapContext&) {
-      b.fields.set(field.id(), normalize_tensor(field.get(b.fields, p), mean, std));
-    };
-  };
+  set_field_op(t, [](const Params& p) -> FieldOp {
+    const double mean = p.real("mean"), std = p.real("std");
+    return [mean, std](const Tensor& in) { return normalize_tensor(in, mean, std); };
+  });
   return t;
 }
 
