@@ -86,13 +86,14 @@ void assemble_loop(benchmark::State& state, const BatchAssembler& assembler) {
 }
 
 void BM_Gather(benchmark::State& state) {
-  static BatchAssembler assembler(&data().source, "records", {}, {}, BufferPool::host());
+  static BatchAssembler assembler(&data().source, "records", {.size = kBatch}, {}, {},
+                                  BufferPool::host());
   assemble_loop(state, assembler);
 }
 BENCHMARK(BM_Gather)->Threads(1)->Threads(2)->UseRealTime();
 
 void BM_Collate(benchmark::State& state) {
-  static BatchAssembler assembler(&data().source, "records",
+  static BatchAssembler assembler(&data().source, "records", {.size = kBatch},
                                   {{"noop", 1, [](Sample&, MapContext&) {}}}, {},
                                   BufferPool::host());
   assemble_loop(state, assembler);

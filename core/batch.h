@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "core/state.h"
 
 namespace flowstate {
+
+class DeviceCopy;
 
 /// What a trainer needs to know about a batch. Set before the batch is handed out.
 struct BatchInfo {
@@ -45,8 +48,12 @@ class Batch {
   Fields fields;
   BatchInfo info;
   Stamp stamp;  ///< the pipeline state after this batch is consumed
-  /// Extra payload for user types (set by a custom Collate); empty for tensor batches.
-  std::shared_ptr<void> user;
+  /// The collated user values (set by the batch node's user collate, see Collate<T>); empty
+  /// for tensor batches.
+  UserValue user;
+  /// Moves `user` to the device; set together with `user` by a typed collate (ToDevice<T>).
+  /// device_copy calls it with its target; unset: the value stays where it is.
+  std::function<void(UserValue&, DeviceCopy&)> user_to_device;
   /// Set by device_copy until the copy is known complete.
   std::shared_ptr<const Fence> fence;
 

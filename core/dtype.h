@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -80,6 +81,36 @@ constexpr DType dtype_of<double>() {
 template <>
 constexpr DType dtype_of<bool>() {
   return DType::kBool;
+}
+
+/// Calls f.template operator()<T>() with the C++ type of `t`.
+template <class F>
+decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kUInt8:
+      return f.template operator()<std::uint8_t>();
+    case DType::kInt8:
+      return f.template operator()<std::int8_t>();
+    case DType::kUInt16:
+      return f.template operator()<std::uint16_t>();
+    case DType::kInt16:
+      return f.template operator()<std::int16_t>();
+    case DType::kUInt32:
+      return f.template operator()<std::uint32_t>();
+    case DType::kInt32:
+      return f.template operator()<std::int32_t>();
+    case DType::kUInt64:
+      return f.template operator()<std::uint64_t>();
+    case DType::kInt64:
+      return f.template operator()<std::int64_t>();
+    case DType::kFloat32:
+      return f.template operator()<float>();
+    case DType::kFloat64:
+      return f.template operator()<double>();
+    case DType::kBool:
+      return f.template operator()<bool>();
+  }
+  throw std::invalid_argument("unknown dtype");
 }
 
 }  // namespace flowstate

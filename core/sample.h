@@ -14,6 +14,7 @@
 
 #include "core/ref.h"
 #include "core/tensor.h"
+#include "core/user_value.h"
 
 namespace flowstate {
 
@@ -52,7 +53,8 @@ class Fields {
 
 /// One example and where it came from.
 struct Sample : Fields {
-  Ref ref;  ///< the record this sample was read from
+  Ref ref;         ///< the record this sample was read from
+  UserValue user;  ///< a user-typed value (from_range sources); empty for tensor samples
 };
 
 }  // namespace flowstate

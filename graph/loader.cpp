@@ -120,20 +120,18 @@ class Loader::Runtime {
         // small machines where the default pool would starve the graph.
         lease_(static_cast<std::size_t>(workers_) + 2),
         arena_(workers_ + 1, 0) {
-    std::vector<SampleStage> sample_stages;
     std::vector<BatchStage> batch_stages;
     const auto& specs = pipeline.nodes();
     for (std::size_t i = 0; i < specs.size(); ++i) {
       const auto& n = specs[i];
       std::uint64_t key = hash_combine(pipeline.seed(), i);
-      if (n.kind == NodeSpec::Kind::kSampleMap) sample_stages.push_back({n.name, key, n.sample_fn});
       if (n.kind == NodeSpec::Kind::kBatchMap) batch_stages.push_back({n.name, key, n.batch_fn});
       if (n.kind == NodeSpec::Kind::kDeviceCopy) device_ = std::make_unique<DeviceCopy>(n.device);
     }
     auto pool = device_ ? device_->staging_pool() : BufferPool::host();
-    assembler_ = std::make_unique<BatchAssembler>(spine_.store(), spine_.source_name(),
-                                                  std::move(sample_stages), std::move(batch_stages),
-                                                  std::move(pool));
+    assembler_ = std::make_unique<BatchAssembler>(
+        spine_.store(), spine_.source_name(), spine_.planner().options(), spine_.sample_stages(),
+        std::move(batch_stages), std::move(pool));
   }
 
   ~Runtime() { stop(); }

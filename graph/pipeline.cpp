@@ -1,5 +1,6 @@
 #include "graph/pipeline.h"
 
+#include <iostream>
 #include <map>
 
 #include "core/error.h"
@@ -54,17 +55,45 @@ NodeSpec& Pipeline::Builder::add(NodeSpec::Kind kind, NodeDescription descriptio
   return p_.nodes_.back();
 }
 
-Pipeline::Builder& Pipeline::Builder::records(RecordsOptions options) {
-  NodeDescription d = options.describe();
-  return source(std::move(d), [options](const std::string& name, std::uint32_t id) {
-    auto node = std::make_unique<RecordsSource>(name, options, id);
+namespace {
+
+/// The factory of a source class constructed as Source(name, options, source_id).
+template <class Source, class Options>
+SourceFactory factory_of(Options options) {
+  return [options = std::move(options)](const std::string& name, std::uint32_t id) {
+    auto node = std::make_unique<Source>(name, options, id);
     const RecordStore* store = node.get();
     return SourceParts{std::move(node), store};
-  });
+  };
+}
+
+}  // namespace
+
+Pipeline::Builder& Pipeline::Builder::records(RecordsOptions options) {
+  NodeDescription d = options.describe();
+  return source(std::move(d), factory_of<RecordsSource>(std::move(options)));
+}
+
+Pipeline::Builder& Pipeline::Builder::lines(LinesOptions options) {
+  NodeDescription d = options.describe();
+  return source(std::move(d), factory_of<LinesSource>(std::move(options)));
+}
+
+Pipeline::Builder& Pipeline::Builder::tar(TarOptions options) {
+  NodeDescription d = options.describe();
+  return source(std::move(d), factory_of<TarSource>(std::move(options)));
 }
 
 Pipeline::Builder& Pipeline::Builder::source(NodeDescription description, SourceFactory factory) {
   add(NodeSpec::Kind::kSource, std::move(description)).make_source = std::move(factory);
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::source(SourceSpec spec) {
+  NodeSpec& n = add(NodeSpec::Kind::kSource, std::move(spec.description));
+  n.make_source = std::move(spec.factory);
+  n.user_collate = std::move(spec.user_collate);
+  for (auto& w : spec.warnings) p_.warnings_.push_back(n.name + ": " + std::move(w));
   return *this;
 }
 
@@ -102,6 +131,38 @@ Pipeline::Builder& Pipeline::Builder::map(SampleFn fn, MapOptions options) {
   return *this;
 }
 
+Pipeline::Builder& Pipeline::Builder::mix(std::vector<Pipeline> inputs, MixOptions options) {
+  std::vector<std::string> described;
+  for (const auto& in : inputs) {
+    std::string d;
+    for (const auto& [k, v] : in.canonical()) d += (d.empty() ? "" : "; ") + k + "=" + v;
+    described.push_back("{" + d + "}");
+  }
+  NodeSpec& n = add(NodeSpec::Kind::kMix, options.describe(described));
+  if (inputs.size() < 2) throw ConfigError(n.name + ".inputs", "mix needs at least two inputs");
+  if (options.weights.size() != inputs.size())
+    throw ConfigError(n.name + ".weights", "mix has " + std::to_string(inputs.size()) +
+                                               " inputs but " +
+                                               std::to_string(options.weights.size()) + " weights");
+  n.mix = std::move(options);
+  n.mix_inputs = std::make_shared<const std::vector<Pipeline>>(std::move(inputs));
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::filter(FilterFn fn, FilterOptions options) {
+  if (!fn) throw ConfigError("filter", "filter needs a predicate");
+  add(NodeSpec::Kind::kFilter, options.describe(), options.name).filter_fn = std::move(fn);
+  return *this;
+}
+
+Pipeline::Builder& Pipeline::Builder::pack(PackOptions options) {
+  if (options.length == 0)
+    throw ConfigError("pack.length", "pack length must be greater than zero");
+  if (options.field.empty()) throw ConfigError("pack.field", "pack needs a token field");
+  add(NodeSpec::Kind::kPack, options.describe()).pack = std::move(options);
+  return *this;
+}
+
 Pipeline::Builder& Pipeline::Builder::map_batch(BatchFn fn, MapOptions options) {
   if (!fn) throw ConfigError("map", "map needs a function");
   if (options.workers && *options.workers < 1)
@@ -129,20 +190,23 @@ Pipeline::Builder& Pipeline::Builder::device_copy(DeviceCopyOptions options) {
   return *this;
 }
 
-Pipeline Pipeline::Builder::build() const {
+void Pipeline::Builder::check_order() const {
   using K = NodeSpec::Kind;
   const auto& nodes = p_.nodes_;
-  if (nodes.empty() || nodes.front().kind != K::kSource)
+  if (nodes.empty() || (nodes.front().kind != K::kSource && nodes.front().kind != K::kMix))
     throw ConfigError("source", "a pipeline starts with a source");
-  // Phases must appear in order: source, spine, sample maps, batch, batch maps / prefetch /
-  // device_copy.
+  // Phases must appear in order: source, spine, sample maps / filters / pack, batch, batch
+  // maps / prefetch / device_copy.
   auto phase = [](K k) {
     switch (k) {
       case K::kSource:
+      case K::kMix:
         return 0;
       case K::kSpine:
         return 1;
       case K::kSampleMap:
+      case K::kFilter:
+      case K::kPack:
         return 2;
       case K::kBatch:
         return 3;
@@ -150,26 +214,52 @@ Pipeline Pipeline::Builder::build() const {
         return 4;
     }
   };
-  int sources = 0, batches = 0, last = 0;
+  int sources = 0, last = 0;
   for (const auto& n : nodes) {
-    sources += n.kind == K::kSource;
-    batches += n.kind == K::kBatch;
+    sources += n.kind == K::kSource || n.kind == K::kMix;
     int ph = phase(n.kind);
     if (ph < last) {
-      std::string why = n.kind == K::kSpine       ? "must come before any map and before batch"
-                        : n.kind == K::kSampleMap ? "(a per-sample map) must come before batch"
-                                                  : "is out of order";
+      std::string why = n.kind == K::kSpine
+                            ? "must come before any map, filter or pack and before batch"
+                        : ph == 2 ? "must come before batch"
+                                  : "is out of order";
+      if (n.kind == K::kSource || n.kind == K::kMix) why = "(a source) must come first";
       throw ConfigError(n.name, "'" + n.name + "' " + why);
     }
     last = ph;
   }
   if (sources != 1) throw ConfigError("source", "a pipeline has exactly one source");
+}
+
+Pipeline Pipeline::Builder::build() const {
+  using K = NodeSpec::Kind;
+  check_order();
+  const auto& nodes = p_.nodes_;
+  int batches = 0, copies = 0;
+  for (const auto& n : nodes) {
+    batches += n.kind == K::kBatch;
+    copies += n.kind == K::kDeviceCopy;
+  }
   if (batches != 1) throw ConfigError("batch", "a pipeline needs exactly one batch node");
-  int copies = 0;
-  for (const auto& n : nodes) copies += n.kind == K::kDeviceCopy;
   if (copies > 1) throw ConfigError("device_copy", "at most one device_copy");
   if (copies == 1 && nodes.back().kind != K::kDeviceCopy)
     throw ConfigError("device_copy", "device_copy must be the last node");
+  for (const auto& w : p_.warnings_) std::cerr << "flowstate: warning: " << w << '\n';
+  return p_;
+}
+
+Pipeline Pipeline::Builder::build_input() const {
+  using K = NodeSpec::Kind;
+  check_order();
+  for (const auto& n : p_.nodes_) {
+    if (n.kind == K::kSource || n.kind == K::kSpine || n.kind == K::kSampleMap ||
+        n.kind == K::kFilter)
+      continue;
+    throw ConfigError(n.name, "'" + n.name +
+                                  "' cannot be part of a mix input: an input is a source with "
+                                  "shard, shuffle, filter and per-sample maps");
+  }
+  for (const auto& w : p_.warnings_) std::cerr << "flowstate: warning: " << w << '\n';
   return p_;
 }
 

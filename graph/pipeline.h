@@ -21,11 +21,16 @@
 
 #include "nodes/batch.h"
 #include "nodes/device_copy.h"
+#include "nodes/filter.h"
 #include "nodes/map.h"
+#include "nodes/mix.h"
 #include "nodes/node.h"
+#include "nodes/pack.h"
 #include "nodes/shard.h"
 #include "nodes/shuffle.h"
+#include "nodes/sources/lines.h"
 #include "nodes/sources/records.h"
+#include "nodes/sources/tar.h"
 #include "serialization/pipeline_state.h"
 
 namespace flowstate {
@@ -37,16 +42,31 @@ struct SourceParts {
 };
 /// Creates a source's spine node; `source_id` goes into its Refs.
 using SourceFactory = std::function<SourceParts(const std::string& name, std::uint32_t source_id)>;
+/// A complete source description, as from_range() returns it.
+struct SourceSpec {
+  NodeDescription description;
+  SourceFactory factory;
+  /// Collates the source's user values (unset for tensor sources); the batch node uses it
+  /// unless its options name another.
+  UserCollateFn user_collate;
+  /// Said once when the pipeline is built (e.g. "resumes by replaying from the epoch start").
+  std::vector<std::string> warnings;
+};
 /// Creates a spine node; `key` is the node's random key (seed, position, options).
 using SpineFactory =
     std::function<std::unique_ptr<SpineNode>(const std::string& name, std::uint64_t key)>;
+
+class Pipeline;
 
 /// One node of a pipeline description.
 struct NodeSpec {
   enum class Kind : std::uint8_t {
     kSource,
+    kMix,  ///< a source made of other pipelines
     kSpine,
     kSampleMap,
+    kFilter,
+    kPack,
     kBatch,
     kBatchMap,
     kPrefetch,
@@ -56,9 +76,14 @@ struct NodeSpec {
   std::string name;  ///< unique in the pipeline ("shuffle", "map", "map#2")
   NodeDescription description;
   SourceFactory make_source;
+  UserCollateFn user_collate;  ///< kSource: the source's collate for user values
   SpineFactory make_spine;
   SampleFn sample_fn;
   BatchFn batch_fn;
+  FilterFn filter_fn;
+  PackOptions pack;
+  MixOptions mix;
+  std::shared_ptr<const std::vector<Pipeline>> mix_inputs;
   std::optional<int> workers;
   BatchOptions batch;
   PrefetchOptions prefetch;
@@ -76,6 +101,8 @@ class Pipeline {
   int workers() const { return workers_; }
   /// The pipeline without its free parameters, as "node.param" -> value pairs.
   std::vector<CanonicalParam> canonical() const;
+  /// Warnings the pipeline's nodes raised when it was built (also written to stderr once).
+  const std::vector<std::string>& warnings() const { return warnings_; }
   /// Hash of canonical(): what must match between a checkpoint and the pipeline restoring it.
   std::uint64_t fingerprint() const { return fingerprint_of(canonical()); }
   /// One line per node with every parameter (free ones marked), for `flowstate validate`.
@@ -85,6 +112,7 @@ class Pipeline {
   std::uint64_t seed_ = 0;
   int workers_ = 2;
   std::vector<NodeSpec> nodes_;
+  std::vector<std::string> warnings_;
 };
 
 /// Builds a Pipeline. Nodes are added in data-flow order; build() checks the order.
@@ -96,14 +124,26 @@ class Pipeline::Builder {
   Builder& workers(int workers);
   /// The `records` source.
   Builder& records(RecordsOptions options);
+  /// The `lines` source (text and JSON Lines).
+  Builder& lines(LinesOptions options);
+  /// The `tar` source (WebDataset-style shards).
+  Builder& tar(TarOptions options);
   /// Any source: `description` names its type and parameters for the fingerprint.
   Builder& source(NodeDescription description, SourceFactory factory);
+  /// A source with its collate and warnings (see from_range()).
+  Builder& source(SourceSpec spec);
   Builder& shard(ShardOptions options = {});
   Builder& shuffle(ShuffleOptions options = {});
   /// A custom spine node.
   Builder& spine(NodeDescription description, SpineFactory factory);
+  /// A source that samples from several input pipelines (built with build_input()).
+  Builder& mix(std::vector<Pipeline> inputs, MixOptions options);
   /// A per-sample map (before batch).
   Builder& map(SampleFn fn, MapOptions options = {});
+  /// Drops the samples `fn` rejects (before batch; may follow maps).
+  Builder& filter(FilterFn fn, FilterOptions options = {});
+  /// Packs token sequences into fixed-length rows (before batch; may follow maps and filters).
+  Builder& pack(PackOptions options);
   /// A per-batch map (after batch).
   Builder& map_batch(BatchFn fn, MapOptions options = {});
   Builder& batch(BatchOptions options);
@@ -111,8 +151,13 @@ class Pipeline::Builder {
   Builder& device_copy(DeviceCopyOptions options = {});
   /// Validates and returns the pipeline. Throws ConfigError naming the offending node.
   Pipeline build() const;
+  /// Validates and returns an input of a mix: a source followed by shard, shuffle, filter and
+  /// per-sample maps only (no batch, pack or mix).
+  Pipeline build_input() const;
 
  private:
+  /// Checks the order of the nodes (shared by build and build_input).
+  void check_order() const;
   /// Appends a node named `base` (default: its type), made unique with a "#k" suffix.
   NodeSpec& add(NodeSpec::Kind kind, NodeDescription description, std::string base = {});
   Pipeline p_;

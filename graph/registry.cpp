@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "core/error.h"
 #include "graph/transforms.h"
+#include "graph/yaml.h"
 
 namespace flowstate {
 
@@ -31,12 +33,6 @@ std::string_view param_type_name(ParamType t) {
 }
 
 namespace {
-
-std::string format_double(double v) {
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
-  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
-}
 
 std::string format_bound(double v) {
   if (std::abs(v) < 9e15 && v == std::floor(v)) return std::to_string(static_cast<long long>(v));
@@ -229,17 +225,39 @@ std::string check_not_empty(const ParamValue& v) {
   return "";
 }
 
+ParamSchema paths_param() {
+  return {.name = "paths",
+          .type = ParamType::kStringList,
+          .doc = "files or globs, each glob's matches in sorted order; relative to the YAML file",
+          .required = true,
+          .check = check_not_empty};
+}
+
+/// Adds a file source. The description (and so the fingerprint) holds the paths as written,
+/// so a project directory can move without invalidating its checkpoints; the files open
+/// relative to the YAML file.
+template <class Source, class Options>
+void add_file_source(NodeContext& ctx, Options written) {
+  Options resolved = written;
+  for (auto& path : resolved.paths) {
+    std::filesystem::path f(path);
+    if (f.is_relative() && !ctx.base_dir.empty()) path = (ctx.base_dir / f).string();
+  }
+  ctx.builder.source(written.describe(),
+                     [resolved](const std::string& name, std::uint32_t source_id) {
+                       auto node = std::make_unique<Source>(name, resolved, source_id);
+                       const RecordStore* store = node.get();
+                       return SourceParts{std::move(node), store};
+                     });
+}
+
 NodeSchema records_schema() {
   NodeSchema n;
   n.type = "records";
   n.doc = "fixed-size records in shard files (e.g. token .bin files), memory-mapped";
   n.source = true;
   n.params = {
-      {.name = "paths",
-       .type = ParamType::kStringList,
-       .doc = "files or globs, each glob's matches in sorted order; relative to the YAML file",
-       .required = true,
-       .check = check_not_empty},
+      paths_param(),
       {.name = "record_bytes",
        .type = ParamType::kUInt,
        .doc = "bytes per record",
@@ -252,23 +270,74 @@ NodeSchema records_schema() {
   };
   n.add = [](NodeContext& ctx) {
     const Params& p = ctx.params;
-    RecordsOptions written{.paths = p.strings("paths"),
-                           .record_bytes = static_cast<std::size_t>(p.uint("record_bytes")),
-                           .field = p.string("field")};
-    // The description (and so the fingerprint) holds the paths as written, so a project
-    // directory can move without invalidating its checkpoints; the files open relative to
-    // the YAML file.
-    RecordsOptions resolved = written;
-    for (auto& path : resolved.paths) {
-      std::filesystem::path f(path);
-      if (f.is_relative() && !ctx.base_dir.empty()) path = (ctx.base_dir / f).string();
-    }
-    ctx.builder.source(written.describe(),
-                       [resolved](const std::string& name, std::uint32_t source_id) {
-                         auto node = std::make_unique<RecordsSource>(name, resolved, source_id);
-                         const RecordStore* store = node.get();
-                         return SourceParts{std::move(node), store};
-                       });
+    add_file_source<RecordsSource>(
+        ctx, RecordsOptions{.paths = p.strings("paths"),
+                            .record_bytes = static_cast<std::size_t>(p.uint("record_bytes")),
+                            .field = p.string("field")});
+  };
+  return n;
+}
+
+NodeSchema lines_schema() {
+  NodeSchema n;
+  n.type = "lines";
+  n.doc = "text or JSON Lines shards; a byte-offset index is cached beside each file";
+  n.source = true;
+  n.params = {
+      paths_param(),
+      {.name = "format",
+       .type = ParamType::kString,
+       .default_value = std::string("text"),
+       .doc = "text (the line's bytes) or jsonl (a JSON value per line)",
+       .choices = {"text", "jsonl"}},
+      {.name = "field",
+       .type = ParamType::kString,
+       .default_value = std::string("text"),
+       .doc = "the uint8 field holding the line (text, or jsonl without json_fields)"},
+      {.name = "skip_empty",
+       .type = ParamType::kBool,
+       .default_value = false,
+       .doc = "empty lines are not records"},
+      {.name = "json_fields",
+       .type = ParamType::kStringList,
+       .doc = "jsonl: top-level keys read into fields of the same name",
+       .default_doc = "none: the whole line in `field`"},
+  };
+  n.add = [](NodeContext& ctx) {
+    const Params& p = ctx.params;
+    LinesOptions o{.paths = p.strings("paths"),
+                   .format = parse_lines_format(p.string("format")),
+                   .field = p.string("field"),
+                   .skip_empty = p.boolean("skip_empty")};
+    if (p.has("json_fields")) o.json_fields = p.strings("json_fields");
+    add_file_source<LinesSource>(ctx, std::move(o));
+  };
+  return n;
+}
+
+NodeSchema tar_schema() {
+  NodeSchema n;
+  n.type = "tar";
+  n.doc = "WebDataset-style tar shards: members grouped by key into samples, fields by extension";
+  n.source = true;
+  n.params = {
+      paths_param(),
+      {.name = "fields",
+       .type = ParamType::kStringList,
+       .doc = "the extensions read into fields",
+       .default_doc = "every extension seen"},
+      {.name = "on_missing",
+       .type = ParamType::kString,
+       .default_value = std::string("error"),
+       .doc = "a sample lacking one of `fields`: error (when the source opens) or skip",
+       .choices = {"error", "skip"}},
+  };
+  n.add = [](NodeContext& ctx) {
+    const Params& p = ctx.params;
+    TarOptions o{.paths = p.strings("paths"),
+                 .on_missing = parse_missing_field(p.string("on_missing"))};
+    if (p.has("fields")) o.fields = p.strings("fields");
+    add_file_source<TarSource>(ctx, std::move(o));
   };
   return n;
 }
@@ -397,10 +466,197 @@ NodeSchema batch_schema() {
        .type = ParamType::kBool,
        .default_value = false,
        .doc = "drop a short last batch of each epoch"},
+      {.name = "collate",
+       .type = ParamType::kString,
+       .default_value = std::string("stack"),
+       .doc = "stack (equal shapes), pad ([B, max_len, ...] + <field>_length) or ragged "
+              "(values + <field>_offsets)",
+       .choices = {"stack", "pad", "ragged"}},
+      {.name = "fields",
+       .type = ParamType::kStringList,
+       .doc = "fields that pad / ragged apply to",
+       .default_doc = "every field of rank >= 1"},
+      {.name = "pad_value",
+       .type = ParamType::kFloat,
+       .default_value = 0.0,
+       .doc = "pad: the value of padding elements"},
   };
   n.add = [](NodeContext& ctx) {
-    ctx.builder.batch(
-        {.size = ctx.params.uint("size"), .drop_last = ctx.params.boolean("drop_last")});
+    const Params& p = ctx.params;
+    BatchOptions o{.size = p.uint("size"), .drop_last = p.boolean("drop_last")};
+    const std::string& mode = p.string("collate");
+    o.collate = mode == "pad"      ? CollateMode::kPad
+                : mode == "ragged" ? CollateMode::kRagged
+                                   : CollateMode::kStack;
+    if (o.collate == CollateMode::kStack && (p.given("fields") || p.given("pad_value")))
+      throw ConfigError(p.given("fields") ? "fields" : "pad_value",
+                        "fields and pad_value apply to collate: pad or ragged");
+    if (p.has("fields")) o.fields = p.strings("fields");
+    o.pad_value = p.real("pad_value");
+    ctx.builder.batch(std::move(o));
+  };
+  return n;
+}
+
+/// A 1-D view of a field's values as doubles (the first element of a scalar).
+double first_value(const Tensor& t, const std::string& field) {
+  if (t.numel() == 0) throw DataError("", DataError::kNoOffset, "field '" + field + "' is empty");
+  return visit_dtype(t.dtype(), [&]<class T>() {
+    T v;
+    std::memcpy(&v, t.data(), sizeof(T));
+    return static_cast<double>(v);
+  });
+}
+
+const std::vector<ParamSchema>& filter_params() {
+  static const std::vector<ParamSchema> params = {
+      {.name = "fn",
+       .type = ParamType::kString,
+       .doc = "length: the field's first dimension in [min, max]; value: its first element in "
+              "[min, max]; keep_fraction: a seeded coin per sample and epoch",
+       .required = true,
+       .choices = {"length", "value", "keep_fraction"}},
+      {.name = "field", .type = ParamType::kString, .doc = "the field (length, value)"},
+      {.name = "min", .type = ParamType::kFloat, .doc = "inclusive lower bound (length, value)"},
+      {.name = "max", .type = ParamType::kFloat, .doc = "inclusive upper bound (length, value)"},
+      {.name = "fraction",
+       .type = ParamType::kFloat,
+       .doc = "keep_fraction: the share of samples kept",
+       .min = 0,
+       .max = 1},
+  };
+  return params;
+}
+
+NodeSchema filter_schema() {
+  NodeSchema n;
+  n.type = "filter";
+  n.doc = "drops samples a named predicate rejects; batches stay full and resume stays exact";
+  n.params = filter_params();
+  n.node_name = [](const Params& p) { return p.string("fn"); };
+  n.add = [](NodeContext& ctx) {
+    const Params& p = ctx.params;
+    const std::string fn = p.string("fn");
+    FilterOptions o{.name = fn, .params = p.describe(filter_params())};
+    std::erase_if(o.params, [](const DescribedParam& d) { return d.key == "fn"; });
+    if (fn == "keep_fraction") {
+      if (!p.has("fraction")) throw ConfigError("fraction", "keep_fraction needs a fraction");
+      const double f = p.real("fraction");
+      ctx.builder.filter(
+          [f](const Sample&, MapContext& c) {
+            return static_cast<double>(c.rng() >> 11) * 0x1p-53 < f;
+          },
+          std::move(o));
+      return;
+    }
+    if (!p.has("field")) throw ConfigError("field", fn + " needs a field");
+    if (!p.has("min") && !p.has("max")) throw ConfigError("min", fn + " needs min or max");
+    const std::string field = p.string("field");
+    const double lo = p.has("min") ? p.real("min") : -HUGE_VAL;
+    const double hi = p.has("max") ? p.real("max") : HUGE_VAL;
+    const FieldId id = field_id(field);
+    const bool length = fn == "length";
+    ctx.builder.filter(
+        [=](const Sample& s, MapContext&) {
+          const Tensor* t = s.find(id);
+          if (t == nullptr)
+            throw DataError("", DataError::kNoOffset,
+                            "record " + s.ref.to_string() + " has no field '" + field + "'");
+          const double v = length
+                               ? (t->shape().rank() == 0 ? 1.0 : static_cast<double>(t->shape()[0]))
+                               : first_value(*t, field);
+          return v >= lo && v <= hi;
+        },
+        std::move(o));
+  };
+  return n;
+}
+
+NodeSchema pack_schema() {
+  NodeSchema n;
+  n.type = "pack";
+  n.doc = "concatenates token sequences and cuts rows of exactly `length` tokens";
+  n.params = {
+      {.name = "length",
+       .type = ParamType::kUInt,
+       .doc = "tokens per row",
+       .required = true,
+       .min = 1},
+      {.name = "field",
+       .type = ParamType::kString,
+       .default_value = std::string("tokens"),
+       .doc = "the 1-D integer token field"},
+      {.name = "separator",
+       .type = ParamType::kInt,
+       .default_value = std::int64_t{-1},
+       .doc = "token appended after every sequence; -1: none"},
+      {.name = "drop_remainder",
+       .type = ParamType::kBool,
+       .default_value = true,
+       .doc = "drop the epoch's last partial row (false: pad it)"},
+      {.name = "pad",
+       .type = ParamType::kInt,
+       .default_value = std::int64_t{0},
+       .doc = "the token that pads a partial last row"},
+  };
+  n.add = [](NodeContext& ctx) {
+    const Params& p = ctx.params;
+    ctx.builder.pack({.length = p.uint("length"),
+                      .field = p.string("field"),
+                      .separator = p.integer("separator"),
+                      .drop_remainder = p.boolean("drop_remainder"),
+                      .pad = p.integer("pad")});
+  };
+  return n;
+}
+
+NodeSchema mix_schema() {
+  NodeSchema n;
+  n.type = "mix";
+  n.doc = "samples from several input pipelines (YAML files without batch) by weight";
+  n.source = true;
+  n.params = {
+      {.name = "inputs",
+       .type = ParamType::kStringList,
+       .doc = "input pipeline files (source, shard, shuffle, filter, maps); relative to this file",
+       .required = true,
+       .check = check_not_empty},
+      {.name = "weights",
+       .type = ParamType::kStringList,
+       .doc = "one positive number per input",
+       .required = true},
+      {.name = "stop",
+       .type = ParamType::kString,
+       .default_value = std::string("first_exhausted"),
+       .doc = "first_exhausted, all_exhausted or cycle: when an epoch of the mix ends",
+       .choices = {"first_exhausted", "all_exhausted", "cycle"}},
+  };
+  n.add = [](NodeContext& ctx) {
+    const Params& p = ctx.params;
+    MixOptions o;
+    const auto& ws = p.strings("weights");
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      double w = 0;
+      auto [end, ec] = std::from_chars(ws[i].data(), ws[i].data() + ws[i].size(), w);
+      if (ec != std::errc() || end != ws[i].data() + ws[i].size() || !(w > 0) || !std::isfinite(w))
+        throw ConfigError("weights", "weights[" + std::to_string(i) + "]: '" + ws[i] +
+                                         "' is not a positive number");
+      o.weights.push_back(w);
+    }
+    const std::string& stop = p.string("stop");
+    o.stop = stop == "cycle"           ? MixStop::kCycle
+             : stop == "all_exhausted" ? MixStop::kAllExhausted
+                                       : MixStop::kFirstExhausted;
+    std::vector<Pipeline> inputs;
+    for (const auto& path : p.strings("inputs")) {
+      std::filesystem::path f(path);
+      if (f.is_relative() && !ctx.base_dir.empty()) f = ctx.base_dir / f;
+      inputs.push_back(from_yaml_file(f.string(), {.mix_input = true}));
+    }
+    if (inputs.size() != o.weights.size())
+      throw ConfigError("weights", "mix has " + std::to_string(inputs.size()) + " inputs but " +
+                                       std::to_string(o.weights.size()) + " weights");
+    ctx.builder.mix(std::move(inputs), std::move(o));
   };
   return n;
 }
@@ -442,9 +698,14 @@ NodeSchema device_copy_schema() {
 
 void register_builtin_nodes(Registry& registry) {
   registry.add(records_schema());
+  registry.add(lines_schema());
+  registry.add(tar_schema());
   registry.add(shard_schema());
   registry.add(shuffle_schema());
+  registry.add(mix_schema());
   registry.add(map_schema());
+  registry.add(filter_schema());
+  registry.add(pack_schema());
   registry.add(batch_schema());
   registry.add(prefetch_schema());
   registry.add(device_copy_schema());

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/hash.h"
+#include "nodes/batch.h"
 
 namespace flowstate {
 
@@ -13,41 +14,133 @@ std::uint64_t node_key(std::uint64_t seed, std::size_t index, std::string_view t
   return hash_combine(hash_combine(seed, index), hash64(type));
 }
 
-Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs) {
+namespace {
+
+/// A store's record with maps applied: what a filter or pack sees.
+class ChainReader final : public SampleReader {
+ public:
+  ChainReader(const RecordStore* store, std::string store_name, std::vector<SampleStage> stages)
+      : store_(store), store_name_(std::move(store_name)), stages_(std::move(stages)) {}
+  void read(const Ref& ref, std::uint64_t epoch, Sample& sample) const override {
+    try {
+      store_->read(ref, sample);
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), store_name_);
+    }
+    for (const auto& stage : stages_) {
+      MapContext ctx{epoch, ElementRng(stage.key, element_stream(epoch, ref))};
+      try {
+        stage.fn(sample, ctx);
+      } catch (...) {
+        rethrow_with_node(std::current_exception(), stage.name);
+      }
+    }
+  }
+
+ private:
+  const RecordStore* store_;
+  std::string store_name_;
+  std::vector<SampleStage> stages_;
+};
+
+/// Pack rows carry a source id of their own, out of the way of sources and mix inputs.
+constexpr std::uint32_t kPackSourceBase = 0x80000000u;
+
+}  // namespace
+
+Spine::Chain Spine::build_chain(const Pipeline& pipeline, std::uint32_t source_id) {
+  using K = NodeSpec::Kind;
+  Chain c;
   const auto& specs = pipeline.nodes();
+  auto append = [&](std::unique_ptr<SpineNode> node) {
+    node->connect(c.nodes.empty() ? nullptr : c.nodes.back().get());
+    c.nodes.push_back(std::move(node));
+  };
+  auto reader = [&]() -> const SampleReader* {
+    c.readers.push_back(std::make_unique<ChainReader>(c.store, c.store_name, c.stages));
+    return c.readers.back().get();
+  };
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const NodeSpec& spec = specs[i];
-    std::unique_ptr<SpineNode> node;
-    if (spec.kind == NodeSpec::Kind::kSource) {
-      SourceParts parts = spec.make_source(spec.name, 0);
-      store_ = parts.store;
-      node = std::move(parts.node);
-    } else if (spec.kind == NodeSpec::Kind::kSpine) {
-      node = spec.make_spine(spec.name, node_key(pipeline.seed(), i, spec.description.type));
-    } else if (spec.kind == NodeSpec::Kind::kBatch) {
-      auto planner = std::make_unique<BatchPlanner>(spec.name, spec.batch);
-      planner_ = planner.get();
-      node = std::move(planner);
-    } else {
-      continue;
+    const std::uint64_t key = node_key(pipeline.seed(), i, spec.description.type);
+    switch (spec.kind) {
+      case K::kSource: {
+        SourceParts parts = spec.make_source(spec.name, source_id);
+        c.store = parts.store;
+        c.store_name = spec.name;
+        append(std::move(parts.node));
+        break;
+      }
+      case K::kMix: {
+        std::vector<MixInput> inputs;
+        for (std::size_t j = 0; j < spec.mix_inputs->size(); ++j) {
+          Chain sub = build_chain((*spec.mix_inputs)[j], static_cast<std::uint32_t>(j));
+          MixInput in;
+          in.name = "input " + std::to_string(j);
+          in.nodes = std::move(sub.nodes);
+          in.own = std::move(sub.readers);
+          in.store = sub.store;
+          in.reader =
+              std::make_unique<ChainReader>(sub.store, sub.store_name, std::move(sub.stages));
+          inputs.push_back(std::move(in));
+        }
+        auto mix = std::make_unique<MixNode>(spec.name, spec.mix, key, std::move(inputs));
+        c.store = mix.get();
+        c.store_name = spec.name;
+        append(std::move(mix));
+        break;
+      }
+      case K::kSpine:
+        append(spec.make_spine(spec.name, key));
+        break;
+      case K::kSampleMap:
+        // The key of a map's generator predates node_key; kept so outputs stay the same.
+        c.stages.push_back({spec.name, hash_combine(pipeline.seed(), i), spec.sample_fn});
+        break;
+      case K::kFilter:
+        append(std::make_unique<FilterNode>(spec.name, spec.filter_fn, key, reader(), c.store));
+        break;
+      case K::kPack: {
+        auto pack = std::make_unique<PackNode>(spec.name, spec.pack, reader(), c.store,
+                                               kPackSourceBase + static_cast<std::uint32_t>(i));
+        c.store = pack.get();
+        c.store_name = spec.name;
+        c.stages.clear();  // later maps work on rows
+        append(std::move(pack));
+        break;
+      }
+      default:
+        return c;  // batch and what follows it are not part of the spine
     }
-    node->connect(nodes_.empty() ? nullptr : nodes_.back().get());
-    nodes_.push_back(std::move(node));
+  }
+  return c;
+}
+
+Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs) {
+  chain_ = build_chain(pipeline, 0);
+  for (const auto& spec : pipeline.nodes()) {
+    if (spec.kind != NodeSpec::Kind::kBatch) continue;
+    BatchOptions options = spec.batch;
+    if (!options.user_collate) options.user_collate = pipeline.nodes().front().user_collate;
+    auto planner = std::make_unique<BatchPlanner>(spec.name, options);
+    planner_ = planner.get();
+    planner->connect(chain_.nodes.back().get());
+    chain_.nodes.push_back(std::move(planner));
   }
   planner_->set_epochs(epochs);
+  planner_->set_store(chain_.store);
+  planner_->set_snapshotter([this] { return snapshot(); });
 }
 
 std::optional<BatchPlan> Spine::next() {
-  std::optional<BatchPlan> plan = planner_->next();
-  if (plan) plan->stamp = snapshot();
-  return plan;
+  return planner_->next();  // stamped by the planner, before it looks ahead
 }
 
 Stamp Spine::snapshot() const {
   auto s = std::make_shared<StampData>();
-  s->node_names.reserve(nodes_.size());
-  s->snapshots.reserve(nodes_.size());
-  for (const auto& n : nodes_) {
+  s->node_names.reserve(chain_.nodes.size());
+  s->snapshots.reserve(chain_.nodes.size());
+  for (const auto& n : chain_.nodes) {
     s->node_names.push_back(n->name());
     s->snapshots.push_back(n->snapshot());
   }
@@ -61,11 +154,11 @@ void Spine::restore(std::string_view bytes) {
     StateReadLimit limit(bytes.size());
     std::uint32_t count = 0;
     ar(count);
-    if (count != nodes_.size())
+    if (count != chain_.nodes.size())
       throw CheckpointError("state", "the state holds " + std::to_string(count) +
                                          " stateful nodes, this pipeline has " +
-                                         std::to_string(nodes_.size()));
-    for (const auto& n : nodes_) {
+                                         std::to_string(chain_.nodes.size()));
+    for (const auto& n : chain_.nodes) {
       std::string name;
       load_bounded(ar, name);
       if (name != n->name())

@@ -1,5 +1,10 @@
-// Spine: the instantiated stateful chain of a pipeline (source → shard → shuffle → batch
-// planner). It runs serially and stamps each planned batch with the snapshots of every node.
+// Spine: the instantiated stateful chain of a pipeline (source or mix → shard → shuffle →
+// filter / pack → batch planner). It runs serially and stamps each planned batch with the
+// snapshots of every node.
+//
+// Filters and pack read samples in the spine through a SampleReader: the current store (the
+// source's, or a pack's rows) with the per-sample maps seen since that store. The batch
+// assembler reads the planned Refs the same way from the last store, applying the maps after it.
 #pragma once
 
 #include <memory>
@@ -25,14 +30,29 @@ class Spine {
   void restore(std::string_view bytes);
   void set_skips(SkipRanges skips) { planner_->set_skips(std::move(skips)); }
 
-  const RecordStore* store() const { return store_; }
-  const std::string& source_name() const { return nodes_.front()->name(); }
+  /// The store the assembler reads planned Refs from.
+  const RecordStore* store() const { return chain_.store; }
+  /// The node that owns store(), for errors.
+  const std::string& source_name() const { return chain_.store_name; }
+  /// The per-sample maps the assembler applies (those after the last store).
+  const std::vector<SampleStage>& sample_stages() const { return chain_.stages; }
   BatchPlanner& planner() { return *planner_; }
 
+  /// An instantiated stretch of a pipeline: nodes, and what reads their Refs.
+  struct Chain {
+    std::vector<std::unique_ptr<SpineNode>> nodes;  ///< connected, in order
+    std::vector<std::unique_ptr<SampleReader>> readers;
+    const RecordStore* store = nullptr;
+    std::string store_name;
+    std::vector<SampleStage> stages;  ///< maps since `store`
+  };
+  /// Instantiates `pipeline`'s nodes up to (not including) its batch node; Refs of its
+  /// source carry `source_id`.
+  static Chain build_chain(const Pipeline& pipeline, std::uint32_t source_id);
+
  private:
-  std::vector<std::unique_ptr<SpineNode>> nodes_;  ///< source first, planner last
+  Chain chain_;  ///< source first, planner last
   BatchPlanner* planner_ = nullptr;
-  const RecordStore* store_ = nullptr;
 };
 
 /// The random key of the node at `index` of type `type` in a pipeline seeded with `seed`.

@@ -72,36 +72,6 @@ ConfigError param_error(const Params& p, std::string_view param, const std::stri
 
 namespace {
 
-/// Calls f.template operator()<T>() with the C++ type of `t`.
-template <class F>
-decltype(auto) visit_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::kUInt8:
-      return f.template operator()<std::uint8_t>();
-    case DType::kInt8:
-      return f.template operator()<std::int8_t>();
-    case DType::kUInt16:
-      return f.template operator()<std::uint16_t>();
-    case DType::kInt16:
-      return f.template operator()<std::int16_t>();
-    case DType::kUInt32:
-      return f.template operator()<std::uint32_t>();
-    case DType::kInt32:
-      return f.template operator()<std::int32_t>();
-    case DType::kUInt64:
-      return f.template operator()<std::uint64_t>();
-    case DType::kInt64:
-      return f.template operator()<std::int64_t>();
-    case DType::kFloat32:
-      return f.template operator()<float>();
-    case DType::kFloat64:
-      return f.template operator()<double>();
-    case DType::kBool:
-      return f.template operator()<bool>();
-  }
-  throw std::invalid_argument("unknown dtype");
-}
-
 std::vector<std::string> dtype_names() {
   std::vector<std::string> out;
   for (int i = 0; i <= static_cast<int>(DType::kBool); ++i)

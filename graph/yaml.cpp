@@ -558,12 +558,14 @@ class YamlLoader {
     if (!has_source)
       fail(root, "source", "missing required key 'source' (e.g. source: {type: records, ...})");
     entries.push_back(source_entry(source));
-    if (!has_nodes)
+    // A mix input may be a bare source.
+    if (!has_nodes && !options_.mix_input)
       fail(root, "nodes", "missing required key 'nodes' (a pipeline needs at least a batch node)");
-    if (!nodes.IsSequence())
+    if (has_nodes && !nodes.IsSequence())
       fail(nodes.IsNull() ? nodes_key_ : nodes, "nodes",
            "expected a list of nodes, got " + describe_node(nodes));
-    for (std::size_t i = 0; i < nodes.size(); ++i) entries.push_back(node_entry(nodes[i], i));
+    if (has_nodes)
+      for (std::size_t i = 0; i < nodes.size(); ++i) entries.push_back(node_entry(nodes[i], i));
     check_structure(entries, nodes);
 
     PipelineConfig config;
@@ -665,7 +667,7 @@ class YamlLoader {
         if (i + 1 != entries.size()) fail(e.at, e.key, "device_copy must be the last node");
       }
     }
-    if (batch == nullptr)
+    if (batch == nullptr && !options_.mix_input)
       fail(nodes.size() > 0 ? nodes : nodes_key_, "nodes",
            "a pipeline needs a batch node (e.g. '- batch: {size: 256}')");
   }
@@ -693,7 +695,7 @@ class YamlLoader {
       after_batch = after_batch || e.schema->type == "batch";
     }
     try {
-      return b.build();
+      return options_.mix_input ? b.build_input() : b.build();
     } catch (const ConfigError& err) {
       for (std::size_t i = 0; i < names.size(); ++i)
         if (names[i] == err.key()) fail(entries[i].at, entries[i].key, err.what());

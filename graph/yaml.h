@@ -46,6 +46,9 @@ struct YamlOptions {
   std::optional<std::filesystem::path> base_dir;
   const Registry* registry = nullptr;             ///< null: Registry::builtin()
   const TransformRegistry* transforms = nullptr;  ///< null: TransformRegistry::builtin()
+  /// Loads an input of a `mix` (Pipeline::Builder::build_input): a source with shard,
+  /// shuffle, filter and per-sample maps, no batch.
+  bool mix_input = false;
 };
 
 /// The `checkpoint:` section.

@@ -7,8 +7,30 @@
 
 namespace flowstate {
 
+std::string_view collate_mode_name(CollateMode mode) {
+  switch (mode) {
+    case CollateMode::kStack:
+      return "stack";
+    case CollateMode::kPad:
+      return "pad";
+    case CollateMode::kRagged:
+      return "ragged";
+  }
+  return "?";
+}
+
 NodeDescription BatchOptions::describe() const {
-  return {"batch", {{"size", std::to_string(size)}, {"drop_last", drop_last ? "true" : "false"}}};
+  NodeDescription d{"batch",
+                    {{"size", std::to_string(size)}, {"drop_last", drop_last ? "true" : "false"}}};
+  // Only non-default collation is described, so fingerprints of existing pipelines hold.
+  if (collate != CollateMode::kStack) {
+    d.params.push_back({"collate", std::string(collate_mode_name(collate))});
+    std::string names;
+    for (const auto& f : fields) names += (names.empty() ? "" : ",") + f;
+    d.params.push_back({"fields", "[" + names + "]"});
+    if (collate == CollateMode::kPad) d.params.push_back({"pad_value", format_double(pad_value)});
+  }
+  return d;
 }
 
 bool SkipRanges::contains(std::uint64_t step) const {
@@ -73,15 +95,27 @@ std::optional<BatchPlan> BatchPlanner::next() {
   for (;;) {
     if (!state_.started) {
       if (epochs_ != 0 && state_.epoch >= epochs_) return std::nullopt;
+      const std::uint64_t n = upstream_->size(state_.epoch);
       // An empty data set run "forever" ends instead of spinning through empty epochs.
-      if (epochs_ == 0 && upstream_->size(state_.epoch) == 0) return std::nullopt;
+      if (epochs_ == 0 && n == 0) return std::nullopt;
       start_epoch(state_.epoch);
     }
+    std::optional<BatchPlan> plan =
+        upstream_->size(state_.epoch) == kUnknownSize ? next_unsized() : next_sized();
+    if (plan) return plan;
+    if (state_.started) continue;  // the epoch ended; the next one starts on the next turn
+    if (epochs_ == 0 && !epoch_had_refs_) return std::nullopt;  // unsized and empty
+  }
+}
+
+std::optional<BatchPlan> BatchPlanner::next_sized() {
+  for (;;) {
     const std::uint64_t total = batches_in_epoch(state_.epoch);
     if (state_.index_in_epoch >= total) {
       ++state_.epoch;
       state_.started = false;
-      continue;
+      epoch_had_refs_ = total > 0;
+      return std::nullopt;
     }
     const std::uint64_t count = batch_samples(state_.epoch, state_.index_in_epoch);
     const std::uint64_t step = state_.step++;
@@ -90,6 +124,7 @@ std::optional<BatchPlan> BatchPlanner::next() {
       // Dropped at the spine: the cursors move past its Refs, nothing is read.
       scratch_.resize(count);
       upstream_->pull(scratch_);
+      release(scratch_);
       continue;
     }
     BatchPlan plan;
@@ -106,25 +141,88 @@ std::optional<BatchPlan> BatchPlanner::next() {
     info.is_last_in_epoch = is_last_delivered(state_.epoch, index, step);
     info.num_samples = static_cast<std::uint32_t>(count);
     info.remainder = count < options_.size ? static_cast<std::uint32_t>(count) : 0;
+    if (snapshot_) plan.stamp = snapshot_();
     return plan;
   }
 }
 
+void BatchPlanner::look_ahead() {
+  ahead_valid_ = true;
+  for (;;) {
+    ahead_.resize(options_.size);
+    ahead_.resize(upstream_->pull(ahead_));
+    if (!ahead_.empty()) epoch_had_refs_ = true;
+    if (ahead_ends_epoch() || !skips_.contains(state_.step)) return;
+    // A skipped step: its Refs are pulled and dropped, the step still counts.
+    release(ahead_);
+    ++state_.step;
+    ++state_.index_in_epoch;
+  }
+}
+
+std::optional<BatchPlan> BatchPlanner::next_unsized() {
+  if (!ahead_valid_) {
+    if (state_.index_in_epoch == 0) epoch_had_refs_ = false;
+    look_ahead();
+  }
+  if (ahead_ends_epoch()) {
+    release(ahead_);  // a short batch under drop_last
+    ahead_.clear();
+    ahead_valid_ = false;
+    ++state_.epoch;
+    state_.started = false;
+    return std::nullopt;
+  }
+  BatchPlan plan;
+  BatchInfo& info = plan.info;
+  info.refs = std::move(ahead_);
+  ahead_.clear();
+  const auto count = static_cast<std::uint32_t>(info.refs.size());
+  info.step = state_.step++;
+  info.epoch = state_.epoch;
+  info.index_in_epoch = state_.index_in_epoch++;
+  // The stamp is cut before the look-ahead: restored, the planner pulls the same Refs again.
+  if (snapshot_) plan.stamp = snapshot_();
+  look_ahead();
+  info.is_last_in_epoch = ahead_ends_epoch();
+  // Known now: the look-ahead counted any skipped steps that close the epoch.
+  if (info.is_last_in_epoch) info.batches_in_epoch = state_.index_in_epoch;
+  info.num_samples = count;
+  info.remainder = count < options_.size ? count : 0;
+  return plan;
+}
+
 // ---- assembler ----
 
-BatchAssembler::BatchAssembler(const RecordStore* store, std::string source_name,
-                               std::vector<SampleStage> sample_stages,
+BatchAssembler::BatchAssembler(const RecordStore* store, std::string store_name,
+                               BatchOptions options, std::vector<SampleStage> sample_stages,
                                std::vector<BatchStage> batch_stages,
                                std::shared_ptr<BufferPool> pool)
     : store_(store),
-      source_name_(std::move(source_name)),
+      source_name_(std::move(store_name)),
+      options_(std::move(options)),
       sample_stages_(std::move(sample_stages)),
       batch_stages_(std::move(batch_stages)),
       pool_(std::move(pool)) {}
 
 Batch BatchAssembler::assemble(BatchPlan plan) const {
   Batch batch;
-  if (sample_stages_.empty() && store_->record_bytes() > 0) {
+  try {
+    assemble_into(plan, batch);
+  } catch (...) {
+    // The Refs go back to the store whatever happens (it may hold their values); they are
+    // in the plan or, once collated, in the batch.
+    store_->release(plan.info.refs);
+    store_->release(batch.info.refs);
+    throw;
+  }
+  store_->release(batch.info.refs);
+  return batch;
+}
+
+void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch) const {
+  if (sample_stages_.empty() && store_->record_bytes() > 0 &&
+      options_.collate == CollateMode::kStack) {
     try {
       batch = gather(plan);
     } catch (...) {
@@ -164,7 +262,6 @@ Batch BatchAssembler::assemble(BatchPlan plan) const {
       rethrow_with_node(std::current_exception(), stage.name);
     }
   }
-  return batch;
 }
 
 Batch BatchAssembler::gather(BatchPlan& plan) const {
@@ -196,41 +293,137 @@ Batch BatchAssembler::gather(BatchPlan& plan) const {
   return batch;
 }
 
+CollateMode BatchAssembler::mode_of(FieldId id, const Tensor& proto) const {
+  if (options_.collate == CollateMode::kStack || proto.shape().rank() == 0)
+    return CollateMode::kStack;
+  if (options_.fields.empty()) return options_.collate;
+  for (const auto& f : options_.fields)
+    if (f == field_name(id)) return options_.collate;
+  return CollateMode::kStack;
+}
+
+namespace {
+
+/// Writes `value` into n elements of dtype `t` at `dst`.
+void fill_value(std::byte* dst, std::size_t n, DType t, double value) {
+  visit_dtype(t, [&]<class T>() {
+    const T v = static_cast<T>(value);
+    for (std::size_t i = 0; i < n; ++i) std::memcpy(dst + i * sizeof(T), &v, sizeof(T));
+  });
+}
+
+}  // namespace
+
 Batch BatchAssembler::collate(BatchPlan& plan, std::vector<Sample>& samples) const {
   Batch batch;
   const auto b = static_cast<std::int64_t>(samples.size());
+  const std::uint64_t step = plan.info.step;
   if (!samples.empty()) {
     const Sample& first = samples.front();
     for (const auto& [id, proto] : first) {
-      std::size_t bytes = proto.nbytes();
-      auto buffer = pool_->acquire(bytes * samples.size());
-      auto* dst = static_cast<std::byte*>(buffer->data());
+      const CollateMode mode = mode_of(id, proto);
+      // Every sample must have the field, with the first sample's dtype; stacking needs
+      // equal shapes, padding and ragged need equal shapes after the first dimension.
       for (std::size_t i = 0; i < samples.size(); ++i) {
         const Tensor* t = samples[i].find(id);
         if (t == nullptr)
           throw DataError("", DataError::kNoOffset,
                           "field '" + std::string(field_name(id)) + "' is missing in sample " +
                               std::to_string(i) + " (record " + samples[i].ref.to_string() +
-                              ") of step " + std::to_string(plan.info.step));
-        if (t->dtype() != proto.dtype() || !(t->shape() == proto.shape()))
+                              ") of step " + std::to_string(step));
+        bool fits = t->dtype() == proto.dtype() && t->shape().rank() == proto.shape().rank();
+        if (fits && mode == CollateMode::kStack) fits = t->shape() == proto.shape();
+        for (std::size_t d = 1; fits && d < proto.shape().rank(); ++d)
+          fits = t->shape()[d] == proto.shape()[d];
+        if (!fits)
           throw DataError("", DataError::kNoOffset,
                           "field '" + std::string(field_name(id)) + "' is " +
                               std::string(dtype_name(proto.dtype())) + proto.shape().to_string() +
                               " in sample 0 but " + std::string(dtype_name(t->dtype())) +
                               t->shape().to_string() + " in sample " + std::to_string(i) +
-                              " of step " + std::to_string(plan.info.step) +
-                              ": stacking needs equal shapes");
-        if (bytes > 0) std::memcpy(dst + i * bytes, t->data(), bytes);
+                              " of step " + std::to_string(step) +
+                              (mode == CollateMode::kStack
+                                   ? ": stacking needs equal shapes"
+                                   : ": padding and ragged collation need the same dtype and "
+                                     "equal shapes after the first dimension"));
       }
-      batch.fields.set(id, Tensor(std::move(buffer), 0, proto.dtype(), proto.shape().prepend(b)));
+      if (mode == CollateMode::kStack) {
+        std::size_t bytes = proto.nbytes();
+        auto buffer = pool_->acquire(bytes * samples.size());
+        auto* dst = static_cast<std::byte*>(buffer->data());
+        for (std::size_t i = 0; i < samples.size(); ++i)
+          if (bytes > 0) std::memcpy(dst + i * bytes, samples[i].find(id)->data(), bytes);
+        batch.fields.set(id, Tensor(std::move(buffer), 0, proto.dtype(), proto.shape().prepend(b)));
+        continue;
+      }
+      // One "row" is everything after the first dimension.
+      std::int64_t row_elems = 1;
+      for (std::size_t d = 1; d < proto.shape().rank(); ++d) row_elems *= proto.shape()[d];
+      const std::size_t row_bytes = static_cast<std::size_t>(row_elems) * dtype_size(proto.dtype());
+      std::int64_t max_len = 0, total = 0;
+      for (const auto& s : samples) {
+        max_len = std::max(max_len, s.find(id)->shape()[0]);
+        total += s.find(id)->shape()[0];
+      }
+      const std::string name(field_name(id));
+      if (mode == CollateMode::kPad) {
+        Shape shape = proto.shape();
+        shape[0] = max_len;
+        const std::size_t stride = static_cast<std::size_t>(max_len) * row_bytes;
+        auto buffer = pool_->acquire(stride * samples.size());
+        auto* dst = static_cast<std::byte*>(buffer->data());
+        Tensor lengths(DType::kInt64, Shape{b});
+        auto len = lengths.values<std::int64_t>();
+        for (std::size_t i = 0; i < samples.size(); ++i) {
+          const Tensor& t = *samples[i].find(id);
+          const std::size_t used = t.nbytes();
+          if (used > 0) std::memcpy(dst + i * stride, t.data(), used);
+          fill_value(dst + i * stride + used, (stride - used) / dtype_size(proto.dtype()),
+                     proto.dtype(), options_.pad_value);
+          len[i] = t.shape()[0];
+        }
+        batch.fields.set(id, Tensor(std::move(buffer), 0, proto.dtype(), shape.prepend(b)));
+        batch.fields.set(name + "_length", std::move(lengths));
+      } else {
+        Shape shape = proto.shape();
+        shape[0] = total;
+        auto buffer = pool_->acquire(static_cast<std::size_t>(total) * row_bytes);
+        auto* dst = static_cast<std::byte*>(buffer->data());
+        Tensor offsets(DType::kInt64, Shape{b + 1});
+        auto off = offsets.values<std::int64_t>();
+        off[0] = 0;
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < samples.size(); ++i) {
+          const Tensor& t = *samples[i].find(id);
+          if (t.nbytes() > 0) std::memcpy(dst + at, t.data(), t.nbytes());
+          at += t.nbytes();
+          off[i + 1] = off[i] + t.shape()[0];
+        }
+        batch.fields.set(id, Tensor(std::move(buffer), 0, proto.dtype(), shape));
+        batch.fields.set(name + "_offsets", std::move(offsets));
+      }
     }
     for (std::size_t i = 1; i < samples.size(); ++i) {
       if (samples[i].size() != first.size())
         throw DataError("", DataError::kNoOffset,
-                        "sample " + std::to_string(i) + " of step " +
-                            std::to_string(plan.info.step) + " has " +
-                            std::to_string(samples[i].size()) + " fields, sample 0 has " +
+                        "sample " + std::to_string(i) + " of step " + std::to_string(step) +
+                            " has " + std::to_string(samples[i].size()) + " fields, sample 0 has " +
                             std::to_string(first.size()));
+      if (samples[i].user.has_value() != first.user.has_value())
+        throw DataError("", DataError::kNoOffset,
+                        "sample " + std::to_string(i) + " of step " + std::to_string(step) +
+                            (first.user.has_value() ? " has no user value, sample 0 has one"
+                                                    : " has a user value, sample 0 has none"));
+    }
+    if (first.user.has_value()) {
+      if (options_.user_collate) {
+        options_.user_collate(samples, batch);
+      } else {
+        std::vector<UserValue> values;
+        values.reserve(samples.size());
+        for (auto& s : samples) values.push_back(std::move(s.user));
+        batch.user = UserValue::make(std::move(values));
+      }
     }
   }
   batch.info = std::move(plan.info);

@@ -21,10 +21,31 @@
 
 namespace flowstate {
 
+/// How the `batch` node collates a field across samples.
+enum class CollateMode : std::uint8_t {
+  kStack,   ///< [B, ...]: every sample's field has the same dtype and shape
+  kPad,     ///< [B, max_len, ...] padded with pad_value, plus "<field>_length" int64 [B]
+  kRagged,  ///< values [sum_len, ...] plus "<field>_offsets" int64 [B + 1]
+};
+/// "stack", "pad", "ragged".
+std::string_view collate_mode_name(CollateMode mode);
+
+/// Collates the samples' user values (Sample::user) into Batch::user — installed by
+/// from_range() through Collate<T>. Runs on the parallel workers.
+using UserCollateFn = std::function<void(std::vector<Sample>& samples, Batch& batch)>;
+
 /// Options of the `batch` node.
 struct BatchOptions {
   std::uint64_t size = 0;  ///< samples per batch; required, > 0
   bool drop_last = false;  ///< drop a short last batch of each epoch
+  /// How tensor fields are collated. kPad and kRagged apply to `fields` (empty: every field
+  /// of rank >= 1); other fields stack. Variable sizes run along each field's first dimension.
+  CollateMode collate = CollateMode::kStack;
+  std::vector<std::string> fields;  ///< the fields kPad / kRagged apply to
+  double pad_value = 0;             ///< kPad: the value of padding elements
+  /// User-value collation; unset: a batch of user values gets a std::vector<UserValue>.
+  /// Not part of the description: name it through the source (from_range does).
+  UserCollateFn user_collate;
   NodeDescription describe() const;
 };
 
@@ -69,11 +90,16 @@ class BatchPlanner final : public StatefulSpineNode<BatchState> {
   /// Stops after `epochs` epochs; 0 runs forever.
   void set_epochs(std::uint64_t epochs) { epochs_ = epochs; }
   void set_skips(SkipRanges skips) { skips_ = std::move(skips); }
+  /// How a plan gets its stamp: the state of the whole spine at the moment it is called.
+  /// The planner calls it right after a batch is scheduled and before it looks ahead.
+  void set_snapshotter(std::function<Stamp()> snapshot) { snapshot_ = std::move(snapshot); }
+  /// Where Refs the planner drops (skipped steps, a dropped short batch) are released.
+  void set_store(const RecordStore* store) { store_ = store; }
   const BatchOptions& options() const { return options_; }
 
   /// Schedules the next batch that is not skipped; nullopt after the last epoch.
   std::optional<BatchPlan> next();
-  /// Scheduled batches in `epoch`.
+  /// Scheduled batches in `epoch` (requires a known upstream size).
   std::uint64_t batches_in_epoch(std::uint64_t epoch) const;
 
   // SpineNode: the planner emits batches, not Refs; these describe its input.
@@ -82,13 +108,33 @@ class BatchPlanner final : public StatefulSpineNode<BatchState> {
   std::size_t pull(std::span<Ref> out) override;
 
  private:
+  std::optional<BatchPlan> next_sized();
+  /// For upstreams of unknown size: schedules the batch pulled by the previous call's
+  /// look-ahead, stamps it, then pulls the next one to learn whether it was the last.
+  std::optional<BatchPlan> next_unsized();
+  /// Pulls the next delivered batch's Refs into ahead_, dropping skipped steps on the way.
+  void look_ahead();
+  bool ahead_ends_epoch() const {
+    return ahead_.empty() || (options_.drop_last && ahead_.size() < options_.size);
+  }
+  void release(std::span<const Ref> refs) const {
+    if (store_ != nullptr && !refs.empty()) store_->release(refs);
+  }
+  void on_restored() override { ahead_valid_ = false; }
   std::uint64_t batch_samples(std::uint64_t epoch, std::uint64_t index) const;
   bool is_last_delivered(std::uint64_t epoch, std::uint64_t index, std::uint64_t step) const;
 
   BatchOptions options_;
   std::uint64_t epochs_ = 1;
   SkipRanges skips_;
+  std::function<Stamp()> snapshot_;
+  const RecordStore* store_ = nullptr;
   std::vector<Ref> scratch_;
+  // Look-ahead (unknown sizes only). Not state: a stamp is taken before the look-ahead, so a
+  // restored planner pulls the same Refs again.
+  std::vector<Ref> ahead_;
+  bool ahead_valid_ = false;
+  bool epoch_had_refs_ = false;
 };
 
 /// A per-sample transform: may change, add or remove fields. `rng` is the element's own
@@ -117,18 +163,24 @@ struct BatchStage {
 /// Turns plans into batches: stateless, thread-safe, runs on parallel workers.
 class BatchAssembler {
  public:
-  BatchAssembler(const RecordStore* store, std::string source_name,
+  /// `store` reads the Refs the spine plans (the source's, or the node that last replaced
+  /// them, such as pack); `store_name` names it in errors; `options` says how to collate.
+  BatchAssembler(const RecordStore* store, std::string store_name, BatchOptions options,
                  std::vector<SampleStage> sample_stages, std::vector<BatchStage> batch_stages,
                  std::shared_ptr<BufferPool> pool);
   /// Reads, maps and collates one planned batch. Errors carry the failing node's name.
   Batch assemble(BatchPlan plan) const;
 
  private:
+  void assemble_into(BatchPlan& plan, Batch& batch) const;
   Batch gather(BatchPlan& plan) const;  // fast path: records straight into the batch buffer
   Batch collate(BatchPlan& plan, std::vector<Sample>& samples) const;
+  /// The collate mode of field `id` whose first sample's tensor is `proto`.
+  CollateMode mode_of(FieldId id, const Tensor& proto) const;
 
   const RecordStore* store_;
   std::string source_name_;
+  BatchOptions options_;
   std::vector<SampleStage> sample_stages_;
   std::vector<BatchStage> batch_stages_;
   std::shared_ptr<BufferPool> pool_;

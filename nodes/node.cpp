@@ -1,8 +1,16 @@
 #include "nodes/node.h"
 
+#include <charconv>
+
 #include "core/error.h"
 
 namespace flowstate {
+
+std::string format_double(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
 
 std::string NodeDescription::to_string(bool with_free) const {
   std::string s = type + "(";

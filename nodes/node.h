@@ -35,6 +35,14 @@ struct NodeDescription {
   std::string to_string(bool with_free = true) const;
 };
 
+/// size() of a node whose epoch length is only known once the epoch ends (a generator, a
+/// filter, pack, mix). The batch planner then looks one batch ahead to set is_last_in_epoch.
+inline constexpr std::uint64_t kUnknownSize = ~std::uint64_t{0};
+
+/// The shortest text that reads back as `v` ("0.5", "1e-08"): canonical numbers in
+/// descriptions.
+std::string format_double(double v);
+
 /// A serial, stateful stage of the spine. Pulls Refs from its upstream (null for a source).
 /// Not thread-safe: the spine runs on one thread at a time.
 class SpineNode {
@@ -50,7 +58,7 @@ class SpineNode {
   /// when this node cannot work on that upstream.
   virtual void connect(SpineNode* upstream) { upstream_ = upstream; }
 
-  /// Number of Refs this node emits in `epoch`.
+  /// Number of Refs this node emits in `epoch`, or kUnknownSize.
   virtual std::uint64_t size(std::uint64_t epoch) const = 0;
   /// True when `at` gives O(1) random access to this node's output.
   virtual bool indexed() const { return false; }
@@ -110,6 +118,22 @@ class RecordStore {
   virtual void read(const Ref& ref, Sample& sample) const = 0;
   /// The field a fixed-size record lands in when gathered straight into a batch.
   virtual FieldId record_field() const = 0;
+  /// The pipeline is done with these Refs (their batch was assembled, or they were filtered
+  /// out or skipped): a store that holds values for Refs in flight (a generator source, pack)
+  /// drops them. Thread-safe. Each Ref is released at most once; stores that read from files
+  /// ignore it.
+  virtual void release(std::span<const Ref> /*refs*/) const {}
+  /// True when any Ref can be read again later (files, ranges addressed by index); false
+  /// when release() drops the only copy of a value (generators, pack rows).
+  virtual bool rereadable() const { return true; }
+};
+
+/// Reads a Ref as the pipeline sees it at a node's position: the source's record with every
+/// per-sample map before that node applied. Thread-safe.
+class SampleReader {
+ public:
+  virtual ~SampleReader() = default;
+  virtual void read(const Ref& ref, std::uint64_t epoch, Sample& sample) const = 0;
 };
 
 /// Epoch-wise pull of a node's upstream through random access: the Refs [begin, begin+n) of

@@ -51,6 +51,15 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
+namespace {
+
+/// The index caches flowstate writes beside data files (and their temporary files): never data.
+bool is_index_cache(std::string_view path) {
+  return path.ends_with(".fsidx") || path.find(".fsidx.tmp.") != std::string_view::npos;
+}
+
+}  // namespace
+
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns) {
   std::vector<std::string> out;
   std::set<std::string> seen;
@@ -59,7 +68,9 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& patterns) 
     int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
     std::vector<std::string> matches;
     if (rc == 0) {
-      for (std::size_t i = 0; i < g.gl_pathc; ++i) matches.emplace_back(g.gl_pathv[i]);
+      // A glob like "data/*" also matches the index caches of the files it names.
+      for (std::size_t i = 0; i < g.gl_pathc; ++i)
+        if (!is_index_cache(g.gl_pathv[i])) matches.emplace_back(g.gl_pathv[i]);
     }
     ::globfree(&g);
     if (matches.empty())

@@ -28,8 +28,8 @@ class MappedFile {
 };
 
 /// Expands `patterns` (plain paths or globs): each pattern's matches in sorted order,
-/// patterns in the given order, duplicates dropped. Throws DataError naming a pattern that
-/// matches nothing. `key` is used in the error message.
+/// patterns in the given order, duplicates dropped, flowstate's index caches (*.fsidx) left
+/// out. Throws DataError naming a pattern that matches nothing.
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns);
 
 }  // namespace flowstate

@@ -240,7 +240,7 @@ TEST(YamlPipeline, AProgramRegistersItsOwnNodesAndTransforms) {
   // The built-in registry does not know them.
   EXPECT_EQ(std::string(error_of(text).what()),
             "p.yaml:2:10: nodes[0]: unknown node type 'tag' (known: shard, shuffle, map, "
-            "batch, prefetch, device_copy)");
+            "filter, pack, batch, prefetch, device_copy)");
 }
 
 TEST(Registry, RejectsDuplicateAndNamelessTypes) {
@@ -272,7 +272,8 @@ TEST(Registry, EveryBuiltinParameterHasADocAndAConsistentDefault) {
   for (const auto& t : TransformRegistry::builtin().transforms()) check(t.name, t.params);
   check("pipeline", pipeline_params());
   check("checkpoint", checkpoint_params());
-  EXPECT_EQ(Registry::builtin().names(true), std::vector<std::string>{"records"});
+  EXPECT_EQ(Registry::builtin().names(true),
+            (std::vector<std::string>{"records", "lines", "tar", "mix"}));
 }
 
 // ---- errors: file, line, column, key path ----
@@ -286,7 +287,7 @@ TEST(YamlErrors, UnknownParameterSuggestsTheClosestOne) {
 TEST(YamlErrors, UnknownNodeTypeListsTheKnownOnes) {
   expect_error(replace(kBase, "- shuffle:", "- shufle:"), "nodes[1]",
                "p.yaml:5:5: nodes[1]: unknown node type 'shufle' (known: shard, shuffle, map, "
-               "batch, prefetch, device_copy); did you mean 'shuffle'?");
+               "filter, pack, batch, prefetch, device_copy); did you mean 'shuffle'?");
 }
 
 TEST(YamlErrors, UnknownTopLevelKey) {
@@ -345,8 +346,9 @@ TEST(YamlErrors, MissingRequiredKeys) {
                "p.yaml:6:5: nodes[2].batch.size: missing required parameter 'size'");
   expect_error(replace(kBase, ", record_bytes: 64", ""), "source.record_bytes",
                "p.yaml:2:9: source.record_bytes: missing required parameter 'record_bytes'");
-  expect_error(replace(kBase, "type: records, ", ""), "source.type",
-               "p.yaml:2:9: source.type: missing required key 'type' (known: records)");
+  expect_error(
+      replace(kBase, "type: records, ", ""), "source.type",
+      "p.yaml:2:9: source.type: missing required key 'type' (known: records, lines, tar, mix)");
   expect_error("seed: 1\nnodes: [{batch: {size: 1}}]\n", "source",
                "p.yaml:1:1: source: missing required key 'source' (e.g. source: {type: "
                "records, ...})");
@@ -367,7 +369,8 @@ TEST(YamlErrors, StructureMistakes) {
   expect_error(std::string(kBase) + "  - records: {paths: a, record_bytes: 1}\n", "nodes[3]",
                "p.yaml:7:5: nodes[3]: 'records' is a source; it goes under 'source:'");
   expect_error(replace(kBase, "type: records", "type: shuffle"), "source.type",
-               "p.yaml:2:16: source.type: 'shuffle' is not a source (sources: records); put it "
+               "p.yaml:2:16: source.type: 'shuffle' is not a source (sources: records, lines, tar, "
+               "mix); put it "
                "in nodes");
   expect_error("source: {type: records, paths: a, record_bytes: 1}\nnodes: 4\n", "nodes",
                "p.yaml:2:8: nodes: expected a list of nodes, got '4'");
@@ -396,8 +399,8 @@ TEST(YamlErrors, PipelineRulesPointAtTheNode) {
   // The builder's ordering rule, placed at the node it names.
   expect_error(replace(kBase, "  - shuffle", "  - map: {fn: cast, dtype: int8}\n  - shuffle"),
                "nodes[2].shuffle",
-               "p.yaml:6:5: nodes[2].shuffle: 'shuffle' must come before any map and before "
-               "batch");
+               "p.yaml:6:5: nodes[2].shuffle: 'shuffle' must come before any map, filter or pack "
+               "and before batch");
   // The builder's cross-parameter check, placed at the parameter.
   expect_error(replace(kBase, "rank: 0", "rank: 1"), "nodes[0].shard.rank",
                "p.yaml:4:29: nodes[0].shard.rank: rank 1 is out of range for world 1");

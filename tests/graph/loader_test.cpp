@@ -375,7 +375,7 @@ TEST(PipelineBuilder, ChecksNodeOrder) {
   expect_error([&] { Pipeline::Builder().records(ro).build(); },
                "a pipeline needs exactly one batch node");
   expect_error([&] { Pipeline::Builder().records(ro).batch({.size = 1}).shuffle({}).build(); },
-               "'shuffle' must come before any map and before batch");
+               "'shuffle' must come before any map, filter or pack and before batch");
   expect_error([&] { Pipeline::Builder().batch({.size = 0}); },
                "batch size must be greater than zero");
   expect_error([&] { Pipeline::Builder().prefetch({.depth = 0}); },

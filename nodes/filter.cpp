@@ -1,0 +1,77 @@
+#include "nodes/filter.h"
+
+#include <oneapi/tbb/parallel_for.h>
+
+#include "core/error.h"
+
+namespace flowstate {
+
+NodeDescription FilterOptions::describe() const {
+  NodeDescription d{"filter", {{"fn", name}}};
+  for (const auto& p : params) d.params.push_back(p);
+  return d;
+}
+
+FilterNode::FilterNode(std::string name, FilterFn fn, std::uint64_t key, const SampleReader* reader,
+                       const RecordStore* store)
+    : StatefulSpineNode(std::move(name)),
+      fn_(std::move(fn)),
+      key_(key),
+      reader_(reader),
+      store_(store) {
+  if (!fn_) throw ConfigError(this->name(), "filter needs a predicate");
+}
+
+std::uint64_t FilterNode::size(std::uint64_t epoch) const {
+  // An empty epoch stays empty; otherwise nobody knows before the predicate ran.
+  return upstream_->size(epoch) == 0 ? 0 : kUnknownSize;
+}
+
+void FilterNode::start_epoch(std::uint64_t epoch) {
+  upstream_->start_epoch(epoch);
+  state_.epoch = epoch;
+  state_.dropped = 0;
+}
+
+std::size_t FilterNode::pull(std::span<Ref> out) {
+  std::size_t n = 0;
+  while (n < out.size()) {
+    // Exactly the shortfall: every Ref pulled is decided now, none waits in this node.
+    const std::size_t want = out.size() - n;
+    chunk_.resize(want);
+    const std::size_t got = upstream_->pull(chunk_);
+    keep_.assign(got, 0);
+    auto decide = [&](std::size_t i) {
+      Sample s;
+      try {
+        reader_->read(chunk_[i], state_.epoch, s);
+      } catch (...) {
+        rethrow_with_node(std::current_exception(), name());
+      }
+      MapContext ctx{state_.epoch, ElementRng(key_, element_stream(state_.epoch, chunk_[i]))};
+      try {
+        keep_[i] = fn_(s, ctx) ? 1 : 0;
+      } catch (...) {
+        rethrow_with_node(std::current_exception(), name());
+      }
+    };
+    if (got < 16) {
+      for (std::size_t i = 0; i < got; ++i) decide(i);
+    } else {
+      oneapi::tbb::parallel_for(std::size_t{0}, got, decide);
+    }
+    dropped_.clear();
+    for (std::size_t i = 0; i < got; ++i) {
+      if (keep_[i] != 0)
+        out[n++] = chunk_[i];
+      else
+        dropped_.push_back(chunk_[i]);
+    }
+    state_.dropped += dropped_.size();
+    if (store_ != nullptr && !dropped_.empty()) store_->release(dropped_);
+    if (got < want) break;  // the upstream's epoch ended
+  }
+  return n;
+}
+
+}  // namespace flowstate

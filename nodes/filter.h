@@ -1,0 +1,75 @@
+// `filter`: drops the samples a predicate rejects. It runs in the spine, before batches are
+// planned, so every batch still holds exactly `size` samples and a checkpoint position is
+// exact however many samples were dropped — also when a whole batch's worth is. It pulls
+// from its upstream exactly what it needs, never ahead, so it carries no pending samples:
+// its state is the epoch and a count of dropped samples.
+//
+// The predicate sees the sample as the pipeline has it at the filter's position (the
+// record with every earlier per-sample map applied), evaluated in parallel over the chunk it
+// pulls. Its generator is keyed like a map's, so a random predicate is reproducible.
+//
+//   builder.filter([](const Sample& s, MapContext&) { return s.at("len").values<int64_t>()[0] > 8;
+//   },
+//                  {.name = "long_enough"});
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nodes/batch.h"
+#include "nodes/node.h"
+
+namespace flowstate {
+
+/// Keeps a sample when it returns true. Must be thread-safe and deterministic in (sample,
+/// generator).
+using FilterFn = std::function<bool(const Sample&, MapContext&)>;
+
+/// Options of the `filter` node.
+struct FilterOptions {
+  /// Names the predicate in errors and in the fingerprint (a C++ callable cannot be hashed).
+  std::string name = "filter";
+  /// Extra canonical parameters (set by named predicates, e.g. from YAML).
+  std::vector<DescribedParam> params;
+  NodeDescription describe() const;
+};
+
+/// State of a filter: nothing it holds, only what it has seen.
+struct FilterState {
+  std::uint64_t epoch = 0;
+  std::uint64_t dropped = 0;  ///< samples dropped so far in the epoch
+  template <class Archive>
+  void serialize(Archive& ar, std::uint32_t version) {
+    if (version > 1)
+      throw CheckpointError("state", "FilterState version " + std::to_string(version) +
+                                         " is newer than this build's 1; upgrade flowstate");
+    ar(epoch, dropped);
+  }
+};
+
+/// The `filter` spine node.
+class FilterNode final : public StatefulSpineNode<FilterState> {
+ public:
+  /// `reader` reads a Ref as the predicate sees it; `store` gets the dropped Refs back;
+  /// `key` keys the predicate's generator.
+  FilterNode(std::string name, FilterFn fn, std::uint64_t key, const SampleReader* reader,
+             const RecordStore* store);
+
+  std::uint64_t size(std::uint64_t epoch) const override;
+  void start_epoch(std::uint64_t epoch) override;
+  std::size_t pull(std::span<Ref> out) override;
+
+ private:
+  FilterFn fn_;
+  std::uint64_t key_;
+  const SampleReader* reader_;
+  const RecordStore* store_;
+  std::vector<Ref> chunk_;
+  std::vector<Ref> dropped_;
+  std::vector<char> keep_;
+};
+
+}  // namespace flowstate
+
+CEREAL_CLASS_VERSION(flowstate::FilterState, 1);

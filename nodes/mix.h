@@ -1,0 +1,128 @@
+// `mix`: weighted sampling from several input pipelines (each a source with its own shard,
+// shuffle, filter and per-sample maps). Every output position draws an input from a
+// counter-based generator keyed by (seed, epoch, draw) — no draw depends on an earlier one
+// — and the state holds the counters (draws, samples taken, which inputs are exhausted) and
+// every input's own state, so a resume is O(1): nothing is replayed.
+//
+// Stop criteria, when a drawn input has no sample left in its epoch:
+//   first_exhausted — the mix's epoch ends there;
+//   all_exhausted   — that input leaves the draw (weights renormalise over the rest); the
+//                     epoch ends when every input is exhausted;
+//   cycle           — that input starts its next epoch (reshuffled) and stays in the draw;
+//                     the epoch ends once every input has been exhausted at least once.
+// With first_exhausted and all_exhausted every input runs its epoch e in the mix's epoch e;
+// with cycle each input counts its own epochs.
+//
+// Refs keep their input's number as Ref::source; the mix is the RecordStore that reads them
+// through that input (maps inside an input key their generators by record only: the store
+// is not told the epoch — put epoch-varying random maps after the mix).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "nodes/node.h"
+
+namespace flowstate {
+
+/// When a mix's epoch ends (see the file comment).
+enum class MixStop : std::uint8_t { kFirstExhausted, kAllExhausted, kCycle };
+/// "first_exhausted", "all_exhausted", "cycle".
+std::string_view mix_stop_name(MixStop stop);
+
+/// Options of the `mix` node.
+struct MixOptions {
+  std::vector<double> weights;  ///< one per input, > 0; need not sum to 1
+  MixStop stop = MixStop::kFirstExhausted;
+  /// `inputs` are the inputs' canonical descriptions (for the fingerprint).
+  NodeDescription describe(const std::vector<std::string>& inputs) const;
+};
+
+/// One instantiated input of a mix: its spine chain (source first) and how to read its Refs.
+struct MixInput {
+  std::string name;                                ///< "input0", ... in errors
+  std::vector<std::unique_ptr<SpineNode>> nodes;   ///< connected, source first
+  std::vector<std::unique_ptr<SampleReader>> own;  ///< readers the chain's nodes use
+  const RecordStore* store = nullptr;              ///< the input's source
+  std::unique_ptr<SampleReader> reader;            ///< the input's Refs with its maps applied
+};
+
+/// State of a mix (the inputs' states are saved after it).
+struct MixState {
+  std::uint64_t epoch = 0;
+  std::uint64_t draws = 0;  ///< generator counter in this epoch
+  bool ended = false;       ///< this epoch has ended
+  std::vector<std::uint64_t> input_epoch;
+  std::vector<std::uint64_t> taken;     ///< samples taken from each input in this epoch
+  std::vector<std::uint8_t> exhausted;  ///< each input ran out in this epoch
+  std::vector<std::uint8_t> started;    ///< each input has started an epoch
+  template <class Archive>
+  void save(Archive& ar, std::uint32_t) const {
+    ar(epoch, draws, ended, static_cast<std::uint32_t>(taken.size()));
+    for (std::size_t i = 0; i < taken.size(); ++i)
+      ar(input_epoch[i], taken[i], exhausted[i], started[i]);
+  }
+  template <class Archive>
+  void load(Archive& ar, std::uint32_t version) {
+    if (version > 1)
+      throw CheckpointError("state", "MixState version " + std::to_string(version) +
+                                         " is newer than this build's 1; upgrade flowstate");
+    std::uint32_t n = 0;
+    ar(epoch, draws, ended, n);
+    // Checked against the pipeline's inputs before anything is allocated for them.
+    if (n != expected_inputs)
+      throw CheckpointError("state", "the mix state holds " + std::to_string(n) +
+                                         " inputs, this pipeline's mix has " +
+                                         std::to_string(expected_inputs));
+    resize(n);
+    for (std::size_t i = 0; i < n; ++i) ar(input_epoch[i], taken[i], exhausted[i], started[i]);
+  }
+  void resize(std::size_t n) {
+    input_epoch.assign(n, 0);
+    taken.assign(n, 0);
+    exhausted.assign(n, 0);
+    started.assign(n, 0);
+  }
+  std::uint32_t expected_inputs = 0;  ///< set before loading; not saved
+};
+
+/// The `mix` node: a source built from other pipelines' spines.
+class MixNode final : public SpineNode, public RecordStore {
+ public:
+  MixNode(std::string name, MixOptions options, std::uint64_t key, std::vector<MixInput> inputs);
+
+  void connect(SpineNode* upstream) override;
+  std::uint64_t size(std::uint64_t epoch) const override;
+  void start_epoch(std::uint64_t epoch) override;
+  std::size_t pull(std::span<Ref> out) override;
+  std::shared_ptr<const NodeSnapshot> snapshot() const override;
+  void restore(InArchive& ar) override;
+
+  std::size_t record_bytes() const override { return 0; }
+  std::span<const std::byte> record(const Ref& ref) const override;
+  void read(const Ref& ref, Sample& sample) const override;
+  FieldId record_field() const override { return 0; }
+  void release(std::span<const Ref> refs) const override;
+  bool rereadable() const override;
+
+  const MixState& state() const { return state_; }
+
+ private:
+  SpineNode& tail(std::size_t i) const { return *inputs_[i].nodes.back(); }
+  void start_input(std::size_t i, std::uint64_t epoch);
+  /// Draws an input among those still in the draw; none left: nullopt.
+  std::optional<std::size_t> draw();
+  const MixInput& input_of(const Ref& ref) const;
+
+  MixOptions options_;
+  std::uint64_t key_;
+  std::vector<MixInput> inputs_;
+  MixState state_;
+};
+
+}  // namespace flowstate
+
+CEREAL_CLASS_VERSION(flowstate::MixState, 1);

@@ -1,0 +1,108 @@
+// `lines` source: text or JSON Lines files, one record per line, memory-mapped, with O(1)
+// random access through a byte-offset index built once per file and cached beside it
+// (`<file>.fsidx`, see nodes/sources/index_cache.h). Record i of the source is line
+// (i - first_k) of file k, where files are taken in sorted order and first_k counts the records
+// of the files before k.
+//
+// A line ends at '\n' or at the end of the file (a last line needs no newline; a file ending
+// in '\n' has no empty line after it). A line's trailing '\r' is dropped, so CRLF files read
+// like LF ones. With `skip_empty`, lines with no bytes (after that) are not records; lines of
+// spaces are.
+//
+// Text: each sample holds `field` = uint8 [line length], the line's bytes.
+// JSON Lines: each line is parsed when it is read. With `json_fields`, each named top-level
+// key becomes a field of the same name: an integer an int64 scalar, a float a float64
+// scalar, a boolean a uint8 scalar (0 or 1), a string uint8 [bytes], an array of numbers a
+// 1-D int64 tensor (all integers) or float64 tensor. Without `json_fields`, the line is
+// checked to parse and lands as bytes in `field`. A line that is not valid JSON, lacks a
+// selected key or holds a value of another type (object, null, array of non-numbers, an
+// integer outside int64) is a DataError with the file, the line's byte offset and its 1-based
+// line number.
+//
+//   LinesOptions o{.paths = {"corpus/*.jsonl"}, .format = LinesFormat::kJsonl,
+//                  .json_fields = {"text", "label"}};
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nodes/node.h"
+#include "nodes/sources/mapped_file.h"
+#include "nodes/sources/records.h"
+
+namespace flowstate {
+
+/// How a `lines` source reads each line.
+enum class LinesFormat : std::uint8_t {
+  kText,   ///< the line's bytes
+  kJsonl,  ///< a JSON value per line (JSON Lines)
+};
+/// "text" or "jsonl".
+std::string_view lines_format_name(LinesFormat format);
+/// Parses a name given by lines_format_name; throws ConfigError (key `lines.format`) otherwise.
+LinesFormat parse_lines_format(std::string_view name);
+
+/// Options of the `lines` source.
+struct LinesOptions {
+  std::vector<std::string> paths;           ///< files or globs; each glob's matches sorted
+  LinesFormat format = LinesFormat::kText;  ///< text or jsonl
+  std::string field = "text";               ///< the bytes field (text; jsonl without json_fields)
+  bool skip_empty = false;                  ///< empty lines are not records
+  std::vector<std::string> json_fields;     ///< jsonl: top-level keys to read, each a field
+  NodeDescription describe() const;
+};
+
+/// The `lines` source. Opening maps every file and loads (or builds and caches) its index: an
+/// empty match or an unreadable file is a DataError naming the path; options that do not fit
+/// together are a ConfigError. Reading is thread-safe.
+class LinesSource final : public StatefulSpineNode<CursorState>, public RecordStore {
+ public:
+  LinesSource(std::string name, LinesOptions options, std::uint32_t source_id = 0);
+
+  std::uint64_t size(std::uint64_t) const override { return total_; }
+  bool indexed() const override { return true; }
+  Ref at(std::uint64_t epoch, std::uint64_t i) const override;
+  void start_epoch(std::uint64_t epoch) override;
+  std::size_t pull(std::span<Ref> out) override;
+
+  /// 0: lines vary in size.
+  std::size_t record_bytes() const override { return 0; }
+  /// The line's bytes, without its newline or '\r'; valid while the source lives. Throws
+  /// DataError for a Ref that is not one of this source's.
+  std::span<const std::byte> record(const Ref& ref) const override;
+  /// Reads the line into `sample` as the format says; throws DataError (see above).
+  void read(const Ref& ref, Sample& sample) const override;
+  FieldId record_field() const override { return field_; }
+
+  const std::vector<std::string>& files() const { return files_; }
+
+ protected:
+  void validate(const CursorState& s) const override;
+
+ private:
+  /// The file holding `ref`; throws DataError for a Ref that is not one of this source's.
+  std::size_t file_of(const Ref& ref) const;
+  /// The line starting at byte `begin` of file k, without its newline or '\r'.
+  std::span<const std::byte> line(std::size_t k, std::uint64_t begin) const;
+  /// The 1-based number of the line starting at `offset` of file k (counts newlines).
+  std::uint64_t line_number(std::size_t k, std::uint64_t offset) const;
+  /// Throws a DataError "'FILE' line N (byte OFFSET): what".
+  [[noreturn]] void fail(std::size_t k, std::uint64_t offset, const std::string& what) const;
+  /// Reads the JSON line at byte `offset` of file k into `sample`.
+  void read_json(std::size_t k, std::uint64_t offset, std::span<const std::byte> bytes,
+                 Sample& sample) const;
+
+  LinesOptions options_;
+  std::uint32_t source_id_;
+  FieldId field_;
+  std::vector<FieldId> json_ids_;  ///< the ids of options_.json_fields
+  std::vector<std::string> files_;
+  std::vector<std::shared_ptr<const MappedFile>> maps_;
+  std::vector<std::vector<std::uint64_t>> starts_;  ///< per file: byte offset of each record
+  std::vector<std::uint64_t> first_;  ///< first global index of each file, plus the total
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace flowstate

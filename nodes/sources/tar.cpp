@@ -1,0 +1,368 @@
+#include "nodes/sources/tar.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <set>
+
+#include "core/error.h"
+
+namespace flowstate {
+namespace {
+
+// Entries are cached as raw bytes: no padding, so no uninitialised bytes reach the disk.
+static_assert(sizeof(detail::TarMember) == 40);
+
+constexpr std::uint64_t kBlock = 512;
+// Offsets and widths of the header fields used (POSIX ustar; GNU shares them).
+constexpr std::size_t kNameAt = 0, kNameWidth = 100;
+constexpr std::size_t kSizeAt = 124, kSizeWidth = 12;
+constexpr std::size_t kChecksumAt = 148, kChecksumWidth = 8;
+constexpr std::size_t kTypeAt = 156;
+constexpr std::size_t kMagicAt = 257;
+constexpr std::size_t kPrefixAt = 345, kPrefixWidth = 155;
+
+std::uint64_t round_up(std::uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
+
+std::string join(const std::vector<std::string>& items) {
+  std::string joined;
+  for (const auto& item : items) joined += (joined.empty() ? "" : ",") + item;
+  return joined;
+}
+
+/// A header string field: up to `width` bytes, ended early by a NUL.
+std::string_view header_string(const unsigned char* h, std::size_t at, std::size_t width) {
+  const auto* p = reinterpret_cast<const char*>(h + at);
+  return {p, ::strnlen(p, width)};
+}
+
+/// Parses a numeric header field: spaces, octal digits, then only spaces or NULs (an empty
+/// field is 0) — or, when its first byte has the high bit set, GNU base-256: a big-endian
+/// two's-complement number in the remaining bits. False when malformed, negative or above
+/// 64 bits.
+bool parse_number(const unsigned char* f, std::size_t width, std::uint64_t& out) {
+  out = 0;
+  if ((f[0] & 0x80) != 0) {
+    if ((f[0] & 0x40) != 0) return false;
+    out = f[0] & 0x3f;
+    for (std::size_t i = 1; i < width; ++i) {
+      if (out >> 56 != 0) return false;
+      out = out << 8 | f[i];
+    }
+    return true;
+  }
+  std::size_t i = 0;
+  while (i < width && f[i] == ' ') ++i;
+  for (; i < width && f[i] >= '0' && f[i] <= '7'; ++i) {
+    if (out >> 61 != 0) return false;
+    out = out * 8 + (f[i] - '0');
+  }
+  for (; i < width; ++i)
+    if (f[i] != ' ' && f[i] != '\0') return false;
+  return true;
+}
+
+/// Whether the header's checksum field holds the sum of its bytes, the field itself counted
+/// as spaces: summed unsigned as POSIX says, or signed as some old tars did.
+bool checksum_ok(const unsigned char* h) {
+  std::uint64_t unsigned_sum = 0;
+  std::int64_t signed_sum = 0;
+  for (std::size_t i = 0; i < kBlock; ++i) {
+    const bool in_field = i >= kChecksumAt && i < kChecksumAt + kChecksumWidth;
+    const unsigned char c = in_field ? ' ' : h[i];
+    unsigned_sum += c;
+    signed_sum += static_cast<signed char>(c);
+  }
+  std::uint64_t stored = 0;
+  return parse_number(h + kChecksumAt, kChecksumWidth, stored) &&
+         (stored == unsigned_sum || static_cast<std::int64_t>(stored) == signed_sum);
+}
+
+/// Builds the member index of one tar file (see tar.h for the rules).
+class TarScanner {
+ public:
+  explicit TarScanner(const MappedFile& file)
+      : file_(file), data_(reinterpret_cast<const unsigned char*>(file.data())) {}
+
+  FileIndex<detail::TarMember> scan() {
+    const std::uint64_t end = file_.size();
+    std::uint64_t pos = 0;
+    while (pos < end) {
+      if (end - pos < kBlock)
+        fail(pos, "truncated tar header (the file ends " + std::to_string(end - pos) +
+                      " bytes into it)");
+      const unsigned char* h = data_ + pos;
+      if (std::all_of(h, h + kBlock, [](unsigned char c) { return c == 0; })) break;
+      if (!checksum_ok(h)) fail(pos, "bad tar header checksum");
+      std::uint64_t size = 0;
+      if (!parse_number(h + kSizeAt, kSizeWidth, size))
+        fail(pos, "tar header size field is not octal");
+      const char type = static_cast<char>(h[kTypeAt]);
+      const bool extended = type == 'L' || type == 'K' || type == 'x';
+      if (!extended && pending_size_) size = *pending_size_;
+      const std::string name = pending_name_ ? *pending_name_ : header_name(h);
+      const std::uint64_t data = pos + kBlock;
+      if (size > end - data || round_up(size) > end - data)
+        fail(pos, "member '" + name + "' (" + std::to_string(size) +
+                      " bytes) runs past the end of the file (" + std::to_string(end) + " bytes)");
+      if (extended) {
+        if (!pending_start_) pending_start_ = pos;
+        const auto* bytes = reinterpret_cast<const char*>(data_ + data);
+        if (type == 'L')
+          pending_name_ = std::string(bytes, ::strnlen(bytes, static_cast<std::size_t>(size)));
+        else if (type == 'x')
+          parse_pax(pos, bytes, size);
+      } else {
+        if (type == '0' || type == '\0' || type == '7')
+          add_member(name, pending_start_.value_or(pos), data, size);
+        pending_start_.reset();
+        pending_name_.reset();
+        pending_size_.reset();
+      }
+      pos = data + round_up(size);
+    }
+    if (pending_start_) fail(*pending_start_, "the archive ends after an extended header");
+    return std::move(index_);
+  }
+
+ private:
+  [[noreturn]] void fail(std::uint64_t offset, const std::string& what) const {
+    throw DataError(file_.path(), offset,
+                    "'" + file_.path() + "' byte " + std::to_string(offset) + ": " + what);
+  }
+
+  /// The member's path from its header: ustar's prefix joined to its name.
+  static std::string header_name(const unsigned char* h) {
+    std::string name(header_string(h, kNameAt, kNameWidth));
+    // Only POSIX ustar ("ustar\0") has a prefix; GNU ("ustar  ") keeps times there.
+    if (std::memcmp(h + kMagicAt, "ustar\0", 6) == 0) {
+      std::string_view prefix = header_string(h, kPrefixAt, kPrefixWidth);
+      if (!prefix.empty()) name = std::string(prefix) + "/" + name;
+    }
+    return name;
+  }
+
+  /// Reads the records "LENGTH KEY=VALUE\n" of a pax header, keeping `path` and `size`.
+  void parse_pax(std::uint64_t header, const char* p, std::uint64_t n) {
+    std::uint64_t i = 0;
+    while (i < n) {
+      std::uint64_t length = 0, j = i;
+      while (j < n && p[j] >= '0' && p[j] <= '9' && length <= n)
+        length = length * 10 + (p[j++] - '0');
+      if (j == i || j >= n || p[j] != ' ' || length > n - i || length < j - i + 2 ||
+          p[i + length - 1] != '\n')
+        fail(header, "malformed pax header");
+      const std::string_view record(p + j + 1, i + length - 1 - (j + 1));
+      const auto eq = record.find('=');
+      if (eq == std::string_view::npos) fail(header, "malformed pax header");
+      const std::string_view key = record.substr(0, eq), value = record.substr(eq + 1);
+      if (key == "path") {
+        pending_name_ = std::string(value);
+      } else if (key == "size") {
+        std::uint64_t size = 0;
+        if (value.empty() || value.size() > 19 ||
+            !std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; }))
+          fail(header, "pax header size '" + std::string(value) + "' is not a decimal number");
+        for (char c : value) size = size * 10 + (c - '0');
+        pending_size_ = size;
+      }
+      i += length;
+    }
+  }
+
+  /// Appends a regular member, continuing the current sample when the key is the previous
+  /// member's. Members without an extension belong to no sample.
+  void add_member(const std::string& name, std::uint64_t start, std::uint64_t data,
+                  std::uint64_t size) {
+    const auto slash = name.rfind('/');
+    const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+    const auto dot = name.find('.', base);
+    if (dot == std::string::npos || dot == base || dot + 1 == name.size()) return;
+    const std::string_view key(name.data(), dot), ext(name.data() + dot + 1, name.size() - dot - 1);
+    auto& members = index_.entries;
+    if (sample_begin_ < members.size() && key == key_of(members.back())) {
+      for (std::size_t i = sample_begin_; i < members.size(); ++i)
+        if (ext_of(members[i]) == ext)
+          fail(start,
+               "sample '" + std::string(key) + "' has two '" + std::string(ext) + "' members");
+    } else {
+      sample_begin_ = members.size();
+    }
+    members.push_back({.start = start,
+                       .data = data,
+                       .size = size,
+                       .name = index_.strings.size(),
+                       .name_size = static_cast<std::uint32_t>(name.size()),
+                       .key_size = static_cast<std::uint32_t>(dot)});
+    index_.strings += name;
+  }
+
+  std::string_view key_of(const detail::TarMember& m) const {
+    return std::string_view(index_.strings).substr(m.name, m.key_size);
+  }
+  std::string_view ext_of(const detail::TarMember& m) const {
+    return std::string_view(index_.strings)
+        .substr(m.name + m.key_size + 1, m.name_size - m.key_size - 1);
+  }
+
+  const MappedFile& file_;
+  const unsigned char* data_;
+  FileIndex<detail::TarMember> index_;
+  std::size_t sample_begin_ = 0;  ///< first member of the sample being grouped
+  // What the extended headers before the next member said about it.
+  std::optional<std::uint64_t> pending_start_;
+  std::optional<std::string> pending_name_;
+  std::optional<std::uint64_t> pending_size_;
+};
+
+Tensor bytes_tensor(const std::byte* data, std::size_t size) {
+  Tensor t(DType::kUInt8, Shape{static_cast<std::int64_t>(size)});
+  if (size > 0) std::memcpy(t.data(), data, size);
+  return t;
+}
+
+}  // namespace
+
+std::string_view missing_field_name(MissingField m) {
+  return m == MissingField::kError ? "error" : "skip";
+}
+
+MissingField parse_missing_field(std::string_view name) {
+  if (name == "error") return MissingField::kError;
+  if (name == "skip") return MissingField::kSkip;
+  throw ConfigError("tar.on_missing",
+                    "unknown on_missing '" + std::string(name) + "' (known: error, skip)");
+}
+
+NodeDescription TarOptions::describe() const {
+  return {"tar",
+          {{"paths", join(paths)},
+           {"fields", join(fields)},
+           {"on_missing", std::string(missing_field_name(on_missing))}}};
+}
+
+TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_id)
+    : StatefulSpineNode(std::move(name)),
+      options_(std::move(options)),
+      source_id_(source_id),
+      record_field_(field_id(options_.fields.empty() ? "data" : options_.fields.front())) {
+  if (options_.paths.empty())
+    throw ConfigError("tar.paths", "paths must name at least one file or glob");
+  std::set<std::string> seen;
+  for (const auto& ext : options_.fields) {
+    if (ext.empty()) throw ConfigError("tar.fields", "fields has an empty extension");
+    if (!seen.insert(ext).second)
+      throw ConfigError("tar.fields", "fields lists '" + ext + "' twice");
+    field_ids_.push_back(field_id(ext));
+  }
+
+  files_ = expand_paths(options_.paths);
+  first_.push_back(0);
+  for (const auto& f : files_) {
+    Shard shard;
+    shard.map = std::make_shared<const MappedFile>(f);
+    // The index holds every member, whatever `fields` says: options apply when grouping, so
+    // one cache serves every pipeline reading the file.
+    shard.index = load_index<detail::TarMember>(*shard.map, "tar/1",
+                                                [&] { return TarScanner(*shard.map).scan(); });
+    group(shard, f);
+    total_ += shard.samples.size();
+    first_.push_back(total_);
+    shards_.push_back(std::move(shard));
+  }
+}
+
+void TarSource::group(Shard& shard, const std::string& file) const {
+  const auto& members = shard.index.entries;
+  const std::string_view names = shard.index.strings;
+  auto key_of = [&](std::uint64_t i) { return names.substr(members[i].name, members[i].key_size); };
+  shard.member_fields.reserve(members.size());
+  for (const auto& m : members) {
+    const std::string_view ext =
+        names.substr(m.name + m.key_size + 1, m.name_size - m.key_size - 1);
+    if (options_.fields.empty()) {
+      shard.member_fields.push_back(field_id(ext));
+      continue;
+    }
+    auto it = std::find(options_.fields.begin(), options_.fields.end(), ext);
+    shard.member_fields.push_back(
+        it == options_.fields.end() ? kNoField : field_ids_[it - options_.fields.begin()]);
+  }
+  // Members [begin, i) with one key are a sample: the same rule the scanner grouped by.
+  std::uint64_t begin = 0;
+  for (std::uint64_t i = 1; i <= members.size(); ++i) {
+    if (i < members.size() && key_of(i) == key_of(begin)) continue;
+    bool complete = true;
+    for (std::size_t f = 0; f < field_ids_.size() && complete; ++f) {
+      complete = std::find(shard.member_fields.begin() + begin, shard.member_fields.begin() + i,
+                           field_ids_[f]) != shard.member_fields.begin() + i;
+      if (!complete && options_.on_missing == MissingField::kError)
+        throw DataError(file, members[begin].start,
+                        "'" + file + "' byte " + std::to_string(members[begin].start) +
+                            ": sample '" + std::string(key_of(begin)) + "' has no '" +
+                            options_.fields[f] + "' member");
+    }
+    if (complete) shard.samples.emplace_back(begin, i);
+    begin = i;
+  }
+}
+
+Ref TarSource::at(std::uint64_t, std::uint64_t i) const {
+  // The file holding i: the last k with first_[k] <= i.
+  auto it = std::upper_bound(first_.begin(), first_.end(), i);
+  auto k = static_cast<std::uint32_t>(it - first_.begin() - 1);
+  return Ref{source_id_, k, i};
+}
+
+void TarSource::start_epoch(std::uint64_t epoch) { state_ = {epoch, 0}; }
+
+std::size_t TarSource::pull(std::span<Ref> out) {
+  std::size_t n =
+      static_cast<std::size_t>(std::min<std::uint64_t>(out.size(), total_ - state_.cursor));
+  for (std::size_t j = 0; j < n; ++j) out[j] = at(state_.epoch, state_.cursor + j);
+  state_.cursor += n;
+  return n;
+}
+
+const TarSource::Shard& TarSource::shard_of(const Ref& ref) const {
+  const std::size_t k = ref.shard;
+  if (k >= shards_.size() || ref.index < first_[k] || ref.index >= first_[k + 1])
+    throw DataError(k < files_.size() ? files_[k] : options_.paths.front(), DataError::kNoOffset,
+                    "record " + std::to_string(ref.index) + " is out of range");
+  return shards_[k];
+}
+
+std::span<const std::byte> TarSource::record(const Ref& ref) const {
+  const Shard& s = shard_of(ref);
+  const auto [begin, end] = s.samples[ref.index - first_[ref.shard]];
+  const detail::TarMember& first = s.index.entries[begin];
+  const detail::TarMember& last = s.index.entries[end - 1];
+  return {s.map->data() + first.start, last.data + last.size - first.start};
+}
+
+void TarSource::read(const Ref& ref, Sample& sample) const {
+  const Shard& s = shard_of(ref);
+  const auto [begin, end] = s.samples[ref.index - first_[ref.shard]];
+  sample.ref = ref;
+  for (std::uint64_t i = begin; i < end; ++i) {
+    if (s.member_fields[i] == kNoField) continue;
+    const detail::TarMember& m = s.index.entries[i];
+    sample.set(s.member_fields[i], bytes_tensor(s.map->data() + m.data, m.size));
+  }
+}
+
+std::string_view TarSource::key(const Ref& ref) const {
+  const Shard& s = shard_of(ref);
+  const detail::TarMember& m = s.index.entries[s.samples[ref.index - first_[ref.shard]].first];
+  return std::string_view(s.index.strings).substr(m.name, m.key_size);
+}
+
+void TarSource::validate(const CursorState& s) const {
+  if (s.cursor > total_)
+    throw CheckpointError(name(), "tar cursor " + std::to_string(s.cursor) +
+                                      " is past the source's " + std::to_string(total_) +
+                                      " records");
+}
+
+}  // namespace flowstate

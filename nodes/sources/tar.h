@@ -1,0 +1,126 @@
+// `tar` source: WebDataset-style tar shards. The members of each archive are grouped into
+// samples, memory-mapped, with O(1) random access through a member index built once per file
+// and cached beside it (`<file>.fsidx`, see nodes/sources/index_cache.h). Record i of the
+// source is sample (i - first_k) of file k, files in sorted order.
+//
+// Grouping (the WebDataset rule): a member's key is its full path up to the first dot of its
+// file name and its extension the rest ("dir/a.b.c" -> key "dir/a", extension "b.c");
+// consecutive members with the same key form one sample, holding one field per extension:
+// uint8 [member size], the member's bytes. Members whose file name has no dot, starts with
+// one or ends with one belong to no sample and are skipped, as are directories, links and
+// other non-regular members. A sample with two members of the same extension is a DataError.
+//
+// `fields` selects the extensions to read (others are ignored); a sample that lacks one of them
+// is, per `on_missing`, an error when the source opens (DataError naming the file, the
+// sample's key and the missing extension) or skipped (it is no record at all). Without
+// `fields`, every extension seen is a field, and samples may differ in their fields.
+//
+// Archives are ustar, GNU or pax: headers are checksummed 512-byte blocks with octal (or GNU
+// base-256) sizes; GNU long names ('L') and pax headers ('x': `path` and `size`) are honoured.
+// Two zero blocks end an archive; a file may also just end, on a block boundary, after a
+// complete member. Anything else — a bad checksum, a non-octal size, a member running past the
+// end of the file, a partial header — is a DataError with the file and the byte offset of the
+// offending header.
+//
+//   TarOptions o{.paths = {"shards/train-*.tar"}, .fields = {"jpg", "cls"},
+//                .on_missing = MissingField::kSkip};
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "nodes/node.h"
+#include "nodes/sources/index_cache.h"
+#include "nodes/sources/mapped_file.h"
+#include "nodes/sources/records.h"
+
+namespace flowstate {
+
+/// What a `tar` source does with a sample that lacks one of its `fields`.
+enum class MissingField : std::uint8_t {
+  kError,  ///< the source fails to open, with a DataError naming the sample
+  kSkip,   ///< the sample is left out: it is not a record
+};
+/// "error" or "skip".
+std::string_view missing_field_name(MissingField m);
+/// Parses a name given by missing_field_name; throws ConfigError (key `tar.on_missing`).
+MissingField parse_missing_field(std::string_view name);
+
+/// Options of the `tar` source.
+struct TarOptions {
+  std::vector<std::string> paths;                  ///< files or globs; each glob's matches sorted
+  std::vector<std::string> fields;                 ///< extensions to read; empty: every one seen
+  MissingField on_missing = MissingField::kError;  ///< a sample lacking one of `fields`
+  NodeDescription describe() const;
+};
+
+namespace detail {
+/// One regular member of a tar file, as its cached index stores it.
+struct TarMember {
+  std::uint64_t start = 0;      ///< offset of its first header (long-name and pax included)
+  std::uint64_t data = 0;       ///< offset of its bytes
+  std::uint64_t size = 0;       ///< number of bytes
+  std::uint64_t name = 0;       ///< offset of its path in the index's string table
+  std::uint32_t name_size = 0;  ///< bytes of the path
+  std::uint32_t key_size = 0;   ///< the key is the path's first key_size bytes; a dot follows
+};
+}  // namespace detail
+
+/// The `tar` source. Opening maps every file and loads (or builds and caches) its member
+/// index: an empty match, an unreadable file or a malformed archive is a DataError naming the
+/// file. Reading is thread-safe.
+class TarSource final : public StatefulSpineNode<CursorState>, public RecordStore {
+ public:
+  TarSource(std::string name, TarOptions options, std::uint32_t source_id = 0);
+
+  std::uint64_t size(std::uint64_t) const override { return total_; }
+  bool indexed() const override { return true; }
+  Ref at(std::uint64_t epoch, std::uint64_t i) const override;
+  void start_epoch(std::uint64_t epoch) override;
+  std::size_t pull(std::span<Ref> out) override;
+
+  /// 0: samples vary in size.
+  std::size_t record_bytes() const override { return 0; }
+  /// The sample's raw tar bytes, from its first member's first header to the end of its last
+  /// member's data; valid while the source lives. Throws DataError for a foreign Ref.
+  std::span<const std::byte> record(const Ref& ref) const override;
+  /// Reads the sample's selected members into `sample`, one uint8 field per extension.
+  void read(const Ref& ref, Sample& sample) const override;
+  /// Unused (record_bytes() is 0): the first of `fields`, or "data".
+  FieldId record_field() const override { return record_field_; }
+
+  /// The sample's key ("dir/a"), as WebDataset's `__key__`.
+  std::string_view key(const Ref& ref) const;
+  const std::vector<std::string>& files() const { return files_; }
+
+ protected:
+  void validate(const CursorState& s) const override;
+
+ private:
+  /// What the source keeps of one tar file.
+  struct Shard {
+    std::shared_ptr<const MappedFile> map;
+    FileIndex<detail::TarMember> index;
+    std::vector<FieldId> member_fields;  ///< per member: its field, or kNoField when ignored
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> samples;  ///< per record: members
+  };
+  static constexpr FieldId kNoField = ~FieldId{0};
+
+  /// Groups the members of `shard` into records, applying `fields` and `on_missing`.
+  void group(Shard& shard, const std::string& file) const;
+  const Shard& shard_of(const Ref& ref) const;
+
+  TarOptions options_;
+  std::uint32_t source_id_;
+  FieldId record_field_;
+  std::vector<FieldId> field_ids_;  ///< the ids of options_.fields
+  std::vector<std::string> files_;
+  std::vector<Shard> shards_;
+  std::vector<std::uint64_t> first_;  ///< first global index of each file, plus the total
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace flowstate

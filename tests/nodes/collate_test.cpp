@@ -1,0 +1,155 @@
+// The batch node's collation of variable-size fields: padding and ragged, and user values.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "graph/loader.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+using testing::record_index;
+using testing::TempDir;
+
+/// Sample i gets "ids": int16 [i % 5] = i*10 + j, and "pair": float32 [i % 3, 2].
+void variable(Sample& s, MapContext&) {
+  const std::uint64_t i = record_index(static_cast<const std::byte*>(s.at("data").data()));
+  Tensor ids(DType::kInt16, Shape{static_cast<std::int64_t>(i % 5)});
+  auto v = ids.values<std::int16_t>();
+  for (std::size_t j = 0; j < v.size(); ++j) v[j] = static_cast<std::int16_t>(i * 10 + j);
+  Tensor pair(DType::kFloat32, Shape{static_cast<std::int64_t>(i % 3), 2});
+  auto p = pair.values<float>();
+  for (std::size_t j = 0; j < p.size(); ++j) p[j] = static_cast<float>(i) + 0.5f * j;
+  s.set("ids", ids);
+  s.set("pair", pair);
+}
+
+class CollateTest : public ::testing::Test {
+ protected:
+  void SetUp() override { glob_ = testing::write_records(dir_.str(), 20, 16, 1); }
+  Batch first_batch(BatchOptions o) const {
+    Pipeline p = Pipeline::Builder()
+                     .records({.paths = {glob_}, .record_bytes = 16})
+                     .map(variable, {.name = "variable"})
+                     .batch(std::move(o))
+                     .build();
+    Loader l(p, {.epochs = 1});
+    return *l.next();
+  }
+  TempDir dir_;
+  std::string glob_;
+};
+
+TEST_F(CollateTest, PadsToTheLongestWithLengths) {
+  Batch b = first_batch(
+      {.size = 4, .collate = CollateMode::kPad, .fields = {"ids", "pair"}, .pad_value = -1});
+  // Samples 0..3 have 0, 1, 2, 3 ids.
+  EXPECT_EQ(b["ids"].shape(), (Shape{4, 3}));
+  std::vector<std::int16_t> want{-1, -1, -1, 10, -1, -1, 20, 21, -1, 30, 31, 32};
+  auto got = b["ids"].values<std::int16_t>();
+  EXPECT_EQ(std::vector<std::int16_t>(got.begin(), got.end()), want);
+  auto len = b["ids_length"].values<std::int64_t>();
+  EXPECT_EQ(std::vector<std::int64_t>(len.begin(), len.end()),
+            (std::vector<std::int64_t>{0, 1, 2, 3}));
+  // "data" is not listed: it stacks.
+  EXPECT_EQ(b["data"].shape(), (Shape{4, 16}));
+  EXPECT_EQ(b.fields.find("data_length"), nullptr);
+}
+
+TEST_F(CollateTest, PadsMultiDimensionalRowsAlongTheFirstDimension) {
+  Batch b = first_batch(
+      {.size = 3, .collate = CollateMode::kPad, .fields = {"ids", "pair"}, .pad_value = 7});
+  EXPECT_EQ(b["pair"].shape(), (Shape{3, 2, 2}));
+  auto v = b["pair"].values<float>();
+  // Sample 0: no rows (all padding); sample 1: one row {1, 1.5}; sample 2: {2, 2.5, 3, 3.5}.
+  std::vector<float> want{7, 7, 7, 7, 1, 1.5, 7, 7, 2, 2.5, 3, 3.5};
+  EXPECT_EQ(std::vector<float>(v.begin(), v.end()), want);
+}
+
+TEST_F(CollateTest, RaggedConcatenatesWithOffsets) {
+  Batch b = first_batch({.size = 5, .collate = CollateMode::kRagged, .fields = {"ids", "pair"}});
+  EXPECT_EQ(b["ids"].shape(), (Shape{10}));
+  auto off = b["ids_offsets"].values<std::int64_t>();
+  EXPECT_EQ(std::vector<std::int64_t>(off.begin(), off.end()),
+            (std::vector<std::int64_t>{0, 0, 1, 3, 6, 10}));
+  auto ids = b["ids"].values<std::int16_t>();
+  EXPECT_EQ(ids[0], 10);
+  EXPECT_EQ(ids[9], 43);
+  EXPECT_EQ(b["pair"].shape(), (Shape{0 + 1 + 2 + 0 + 1, 2}));
+}
+
+TEST_F(CollateTest, EmptyFieldListAppliesToEveryNonScalarField) {
+  Batch b = first_batch({.size = 4, .collate = CollateMode::kRagged});
+  EXPECT_NE(b.fields.find("data_offsets"), nullptr);
+  EXPECT_NE(b.fields.find("ids_offsets"), nullptr);
+  EXPECT_NE(b.fields.find("pair_offsets"), nullptr);
+}
+
+TEST_F(CollateTest, StackingVariableFieldsNamesTheFieldAndSamples) {
+  try {
+    first_batch({.size = 4});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("field 'ids' is int16[0] in sample 0 but int16[1] in "
+                                         "sample 1 of step 0: stacking needs equal shapes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(CollateTest, PaddingNeedsEqualTrailingDimensions) {
+  Pipeline p =
+      Pipeline::Builder()
+          .records({.paths = {glob_}, .record_bytes = 16})
+          .map(
+              [](Sample& s, MapContext&) {
+                const auto i = record_index(static_cast<const std::byte*>(s.at("data").data()));
+                s.set("m", Tensor(DType::kUInt8, Shape{2, static_cast<std::int64_t>(i + 1)}));
+              },
+              {.name = "m"})
+          .batch({.size = 2, .collate = CollateMode::kPad, .fields = {"m"}})
+          .build();
+  Loader l(p, {.epochs = 1});
+  try {
+    l.next();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("field 'm' is uint8[2, 1] in sample 0 but uint8[2, 2] in "
+                                   "sample 1 of step 0: padding and ragged collation need "
+                                   "the same dtype and equal shapes after the first dimension"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(CollateTest, ModeEntersTheFingerprintOnlyWhenNotStack) {
+  auto fp = [&](BatchOptions o) {
+    return Pipeline::Builder()
+        .records({.paths = {glob_}, .record_bytes = 16})
+        .batch(o)
+        .build()
+        .fingerprint();
+  };
+  EXPECT_NE(fp({.size = 4}), fp({.size = 4, .collate = CollateMode::kPad}));
+  EXPECT_NE(fp({.size = 4, .collate = CollateMode::kPad, .pad_value = 0}),
+            fp({.size = 4, .collate = CollateMode::kPad, .pad_value = 1}));
+  EXPECT_EQ(BatchOptions{.size = 4}.describe().to_string(), "batch(size=4, drop_last=false)");
+}
+
+TEST_F(CollateTest, PaddedBatchesResumeExactly) {
+  auto make = [&] {
+    return Pipeline::Builder()
+        .seed(3)
+        .records({.paths = {glob_}, .record_bytes = 16})
+        .shuffle({.mode = ShuffleMode::kGlobal})
+        .map(variable, {.name = "variable"})
+        .batch(
+            {.size = 3, .collate = CollateMode::kPad, .fields = {"ids", "pair"}, .pad_value = -2})
+        .build();
+  };
+  testing::check_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+}
+
+}  // namespace
+}  // namespace flowstate

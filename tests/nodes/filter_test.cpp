@@ -1,0 +1,207 @@
+// `filter` and the planner's look-ahead over upstreams of unknown length.
+#include "nodes/filter.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "graph/loader.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+using testing::drain;
+using testing::record_index;
+using testing::TempDir;
+
+std::uint64_t index_of(const Sample& s) {
+  return record_index(static_cast<const std::byte*>(s.at("data").data()));
+}
+
+std::vector<std::uint64_t> indices(const Batch& b) {
+  const Tensor& t = b["data"];
+  std::vector<std::uint64_t> out;
+  for (std::int64_t i = 0; i < t.shape()[0]; ++i)
+    out.push_back(record_index(static_cast<const std::byte*>(t.data()) + i * t.shape()[1]));
+  return out;
+}
+
+class FilterTest : public ::testing::Test {
+ protected:
+  void SetUp() override { glob_ = testing::write_records(dir_.str(), 100, 16, 2); }
+  Pipeline::Builder base() const {
+    Pipeline::Builder b;
+    b.seed(99).records({.paths = {glob_}, .record_bytes = 16});
+    return b;
+  }
+  TempDir dir_;
+  std::string glob_;
+};
+
+TEST_F(FilterTest, DropsRejectedSamplesAndKeepsBatchesFull) {
+  Pipeline p = base()
+                   .filter([](const Sample& s, MapContext&) { return index_of(s) % 3 != 0; },
+                           {.name = "not_thirds"})
+                   .batch({.size = 8})
+                   .build();
+  Loader l(p, {.epochs = 1});
+  std::vector<std::uint64_t> seen;
+  std::vector<Batch> batches;
+  while (auto b = l.next()) batches.push_back(*b);
+  // 100 records, 34 multiples of 3 dropped: 66 kept = 8 full batches + 2.
+  ASSERT_EQ(batches.size(), 9u);
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const auto& b = batches[i];
+    for (auto x : indices(b)) seen.push_back(x);
+    EXPECT_EQ(b.info.index_in_epoch, i);
+    EXPECT_EQ(b.info.is_last_in_epoch, i == 8);
+    EXPECT_EQ(b.info.num_samples, i == 8 ? 2u : 8u);
+    EXPECT_EQ(b.info.remainder, i == 8 ? 2u : 0u);
+    // Unknown length: the count is known only with the last batch.
+    if (i == 8)
+      EXPECT_EQ(b.info.batches_in_epoch, std::optional<std::uint64_t>(9));
+    else
+      EXPECT_FALSE(b.info.batches_in_epoch.has_value());
+  }
+  std::vector<std::uint64_t> want;
+  for (std::uint64_t i = 0; i < 100; ++i)
+    if (i % 3 != 0) want.push_back(i);
+  EXPECT_EQ(seen, want);
+}
+
+TEST_F(FilterTest, LastBatchIsMarkedWhenTheTailIsFilteredAway) {
+  // Everything after record 41 is dropped: the batch holding 40 and 41 is the last one, which
+  // the planner knows only by looking one batch ahead.
+  Pipeline p = base()
+                   .filter([](const Sample& s, MapContext&) { return index_of(s) < 42; })
+                   .batch({.size = 8})
+                   .build();
+  Loader l(p, {.epochs = 2});
+  auto all = drain(l);
+  ASSERT_EQ(all.size(), 12u);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].last, i % 6 == 5) << i;
+    EXPECT_EQ(all[i].epoch, i / 6);
+    EXPECT_EQ(all[i].remainder, i % 6 == 5 ? 2u : 0u);
+  }
+}
+
+TEST_F(FilterTest, DropLastDropsTheShortTailOfAnUnknownLengthEpoch) {
+  Pipeline p = base()
+                   .filter([](const Sample& s, MapContext&) { return index_of(s) < 42; })
+                   .batch({.size = 8, .drop_last = true})
+                   .build();
+  Loader l(p, {.epochs = 1});
+  auto all = drain(l);
+  ASSERT_EQ(all.size(), 5u);
+  EXPECT_TRUE(all.back().last);
+  EXPECT_EQ(all.back().remainder, 0u);
+}
+
+TEST_F(FilterTest, DroppingAWholeBatchWorthKeepsPositionsExact) {
+  // Records 16..63 — six batches' worth — are dropped in the middle of the epoch.
+  auto make = [&] {
+    return base()
+        .shuffle({.mode = ShuffleMode::kGlobal})
+        .filter([](const Sample& s, MapContext&) {
+          auto i = index_of(s);
+          return i < 16 || i >= 64;
+        })
+        .batch({.size = 8})
+        .build();
+  };
+  Loader l(make(), {.epochs = 1});
+  std::size_t n = 0;
+  while (auto b = l.next())
+    for (auto x : indices(*b)) {
+      EXPECT_TRUE(x < 16 || x >= 64) << x;
+      ++n;
+    }
+  EXPECT_EQ(n, 52u);
+  testing::check_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
+}
+
+TEST_F(FilterTest, SeesEarlierMapsAndPassesTheSaveRestoreOracle) {
+  auto make = [&] {
+    return base()
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 10})
+        .map(
+            [](Sample& s, MapContext& ctx) {
+              Tensor t(DType::kUInt64, Shape{});
+              t.values<std::uint64_t>()[0] = ctx.rng.below(4);
+              s.set("coin", t);
+            },
+            {.name = "coin"})
+        .filter([](const Sample& s,
+                   MapContext&) { return s.at("coin").values<std::uint64_t>()[0] != 0; },
+                {.name = "heads"})
+        .batch({.size = 7})
+        .build();
+  };
+  // The filter saw the map's output: no batch holds a dropped value.
+  Loader l(make(), {.epochs = 1});
+  while (auto b = l.next())
+    for (auto c : (*b)["coin"].values<std::uint64_t>()) EXPECT_NE(c, 0u);
+  testing::check_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 4});
+  testing::check_save_restore(make, {.epochs = 2, .workers = 3}, {.epochs = 2, .workers = 1});
+}
+
+TEST_F(FilterTest, SkipsAcrossAnUnknownLengthEpochKeepLastExact) {
+  auto make = [&] {
+    return base()
+        .filter([](const Sample& s, MapContext&) { return index_of(s) % 2 == 0; })
+        .batch({.size = 8})
+        .build();
+  };
+  // 50 kept: batches 0..6, the last (6) holds 2. Skipping 5..6 makes 4 the last delivered.
+  Loader l(make(), {.epochs = 2});
+  l.skip(5, 6);
+  auto all = drain(l);
+  ASSERT_EQ(all.size(), 12u);
+  EXPECT_TRUE(all[4].last);
+  EXPECT_EQ(all[4].step, 4u);
+  EXPECT_EQ(all[5].step, 7u);
+  EXPECT_EQ(all[5].epoch, 1u);
+}
+
+TEST_F(FilterTest, AnEpochFilteredToNothingEndsARunForever) {
+  Pipeline p =
+      base().filter([](const Sample&, MapContext&) { return false; }).batch({.size = 4}).build();
+  Loader l(p, {.epochs = 0});
+  EXPECT_FALSE(l.next().has_value());
+}
+
+TEST_F(FilterTest, PredicateErrorsNameTheFilter) {
+  Pipeline p = base()
+                   .filter(
+                       [](const Sample& s, MapContext&) -> bool {
+                         if (index_of(s) == 37) throw DataError("", DataError::kNoOffset, "bad 37");
+                         return true;
+                       },
+                       {.name = "picky"})
+                   .batch({.size = 8})
+                   .build();
+  Loader l(p, {.epochs = 1});
+  try {
+    drain(l);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("picky"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad 37"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(FilterTest, NameAndParamsEnterTheFingerprint) {
+  auto fp = [&](std::string name) {
+    return base()
+        .filter([](const Sample&, MapContext&) { return true; }, {.name = std::move(name)})
+        .batch({.size = 4})
+        .build()
+        .fingerprint();
+  };
+  EXPECT_NE(fp("a"), fp("b"));
+  EXPECT_EQ(fp("a"), fp("a"));
+}
+
+}  // namespace
+}  // namespace flowstate

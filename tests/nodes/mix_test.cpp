@@ -1,0 +1,161 @@
+// `mix`: weighted sampling from input pipelines, every stop criterion, exact O(1) resume.
+#include "nodes/mix.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "graph/loader.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+using testing::drain;
+using testing::record_index;
+using testing::TempDir;
+
+class MixTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = testing::write_records(dir_ / "a", 40, 16, 2);
+    b_ = testing::write_records(dir_ / "b", 120, 16, 3);
+  }
+  /// Input `glob`, tagged: every sample gets field "from" = tag.
+  Pipeline input(const std::string& glob, std::uint8_t tag, bool shuffle = true) const {
+    Pipeline::Builder b;
+    b.seed(tag).records({.paths = {glob}, .record_bytes = 16});
+    if (shuffle) b.shuffle({.mode = ShuffleMode::kGlobal});
+    b.map(
+        [tag](Sample& s, MapContext&) {
+          Tensor t(DType::kUInt8, Shape{});
+          t.values<std::uint8_t>()[0] = tag;
+          s.set("from", t);
+        },
+        {.name = "tag" + std::to_string(tag)});
+    return b.build_input();
+  }
+  Pipeline mixed(MixStop stop, std::vector<double> w = {1, 1}) const {
+    return Pipeline::Builder()
+        .seed(77)
+        .mix({input(a_, 0), input(b_, 1)}, {.weights = std::move(w), .stop = stop})
+        .batch({.size = 8})
+        .build();
+  }
+  /// (input, record) of every sample of one epoch.
+  static std::vector<std::pair<int, std::uint64_t>> samples(Loader& l, std::size_t batches) {
+    std::vector<std::pair<int, std::uint64_t>> out;
+    for (std::size_t k = 0; k < batches; ++k) {
+      auto b = l.next();
+      if (!b) break;
+      const Tensor& d = (*b)["data"];
+      auto from = (*b)["from"].values<std::uint8_t>();
+      for (std::int64_t i = 0; i < d.shape()[0]; ++i)
+        out.emplace_back(from[i], record_index(static_cast<const std::byte*>(d.data()) + i * 16));
+      if (b->info.is_last_in_epoch) break;
+    }
+    return out;
+  }
+  TempDir dir_;
+  std::string a_, b_;
+};
+
+TEST_F(MixTest, AllExhaustedTakesEverySampleOfEveryInputOnce) {
+  Loader l(mixed(MixStop::kAllExhausted, {3, 1}), {.epochs = 1});
+  auto got = samples(l, 1000);
+  std::map<int, std::set<std::uint64_t>> seen;
+  for (auto [in, r] : got) EXPECT_TRUE(seen[in].insert(r).second) << in << ":" << r;
+  EXPECT_EQ(seen[0].size(), 40u);
+  EXPECT_EQ(seen[1].size(), 120u);
+  // Weighted: input 0 (weight 3) is drawn far more often early on.
+  int early0 = 0;
+  for (std::size_t i = 0; i < 40; ++i) early0 += got[i].first == 0;
+  EXPECT_GT(early0, 20);
+}
+
+TEST_F(MixTest, FirstExhaustedEndsTheEpochWhenADrawnInputRunsOut) {
+  Loader l(mixed(MixStop::kFirstExhausted), {.epochs = 1});
+  auto got = samples(l, 1000);
+  int from0 = 0;
+  for (auto [in, r] : got) from0 += in == 0;
+  EXPECT_EQ(from0, 40);  // input 0 ran out first and ended the epoch
+  EXPECT_LT(got.size(), 160u);
+}
+
+TEST_F(MixTest, CycleRestartsInputsUntilEveryOneWasExhausted) {
+  Loader l(mixed(MixStop::kCycle, {1, 1}), {.epochs = 1});
+  auto got = samples(l, 1000);
+  std::map<int, int> count;
+  for (auto [in, r] : got) ++count[in];
+  EXPECT_EQ(count[1], 120);  // the epoch ends when the larger input runs out
+  EXPECT_GT(count[0], 40);   // the smaller one went round more than once
+}
+
+TEST_F(MixTest, DrawsDependOnlyOnSeedAndPosition) {
+  Loader x(mixed(MixStop::kAllExhausted), {.epochs = 2, .workers = 1});
+  Loader y(mixed(MixStop::kAllExhausted), {.epochs = 2, .workers = 3});
+  EXPECT_EQ(drain(x), drain(y));
+}
+
+TEST_F(MixTest, EveryStopCriterionPassesTheSaveRestoreOracle) {
+  for (MixStop stop : {MixStop::kFirstExhausted, MixStop::kAllExhausted, MixStop::kCycle}) {
+    SCOPED_TRACE(std::string(mix_stop_name(stop)));
+    auto make = [&] { return mixed(stop, {2, 1}); };
+    testing::check_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
+  }
+}
+
+TEST_F(MixTest, StateIsSmallAndHoldsEveryInput) {
+  Loader l(mixed(MixStop::kAllExhausted), {.epochs = 1});
+  for (int i = 0; i < 10; ++i) l.next();
+  const std::string s = l.state();
+  EXPECT_LT(s.size(), 1024u);
+  // A pipeline whose inputs differ cannot load it.
+  Pipeline other = Pipeline::Builder()
+                       .seed(77)
+                       .mix({input(a_, 0), input(b_, 1, false)},
+                            {.weights = {1, 1}, .stop = MixStop::kAllExhausted})
+                       .batch({.size = 8})
+                       .build();
+  Loader o(other);
+  EXPECT_THROW(o.load_state(s), CheckpointError);
+}
+
+TEST_F(MixTest, ValidatesItsOptions) {
+  auto message = [&](auto&& f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] {
+              Pipeline::Builder().mix({input(a_, 0), input(b_, 1)}, {.weights = {1}});
+            }).find("mix has 2 inputs but 1 weights"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              Pipeline::Builder().mix({input(a_, 0)}, {.weights = {1}});
+            }).find("mix needs at least two inputs"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              Pipeline p = Pipeline::Builder()
+                               .mix({input(a_, 0), input(b_, 1)}, {.weights = {1, -1}})
+                               .batch({.size = 2})
+                               .build();
+              Loader l(p);
+            }).find("every weight must be a positive number"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              Pipeline::Builder()
+                  .records({.paths = {a_}, .record_bytes = 16})
+                  .batch({.size = 2})
+                  .build_input();
+            }).find("'batch' cannot be part of a mix input"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace flowstate
