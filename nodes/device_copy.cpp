@@ -42,6 +42,11 @@ DeviceCopy::DeviceCopy(const DeviceCopyOptions& options) : staging_(BufferPool::
 
 DeviceCopy::~DeviceCopy() = default;
 
-Batch DeviceCopy::copy(Batch batch) { return batch; }
+Batch DeviceCopy::copy(Batch batch) {
+  if (batch.user_to_device && batch.user.has_value()) batch.user_to_device(batch.user, *this);
+  return batch;
+}
+
+Tensor DeviceCopy::to_device(const Tensor& tensor) { return tensor; }
 
 }  // namespace flowstate

@@ -6,10 +6,21 @@
 // device work on a batch before dropping it. Without CUDA, or without a usable device (also
 // when device 0 exists but cannot be set up), `auto` hands out host memory and `cuda:N` fails
 // with a clear ConfigError.
+//
+// User values (Batch::user, from from_range()) move through the ToDevice<T> customization
+// point: copy() calls the batch's user_to_device, which calls ToDevice<C>::to_device on the
+// collated value; a specialization moves the value's tensors with DeviceCopy::to_device, so
+// they join the batch's Fence.
+//
+//   template <>
+//   struct flowstate::ToDevice<MyBatch> {
+//     static void to_device(MyBatch& b, DeviceCopy& copy) { b.pixels = copy.to_device(b.pixels); }
+//   };
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/batch.h"
 #include "core/buffer.h"
@@ -45,15 +56,49 @@ class DeviceCopy {
   /// The pool the assembler collates into: pinned host memory when copying to a device,
   /// plain host memory otherwise.
   std::shared_ptr<BufferPool> staging_pool() const { return staging_; }
-  /// Starts copying every field of `batch` to the target; returns the batch with device
-  /// tensors and a Fence. On host targets returns `batch` unchanged.
+  /// Starts copying every field of `batch` to the target, then runs `batch.user_to_device`
+  /// (when set) on `batch.user`; returns the batch with device tensors and one Fence covering
+  /// every copy. On host targets the fields stay as they are and user_to_device still runs
+  /// (its to_device calls return their tensors unchanged). Not thread-safe.
   Batch copy(Batch batch);
+  /// Starts copying `tensor` to the target and returns the device tensor; a tensor already
+  /// there, or any tensor on a host target, comes back unchanged. Called from a
+  /// user_to_device inside copy(), the copy joins that batch's Fence (the Loader waits on it);
+  /// called anywhere else, it is complete when this returns. Same thread as copy(). Throws
+  /// Error naming the failed CUDA call.
+  Tensor to_device(const Tensor& tensor);
 
  private:
   struct Impl;
   Device target_;
   std::shared_ptr<BufferPool> staging_;
   std::unique_ptr<Impl> impl_;
+};
+
+/// Customization point: moves a collated user value (Collate<T>::type, see
+/// graph/from_range.h) to `copy.target()`. The default leaves the value where it is (host
+/// memory); Tensor and std::vector<Tensor> move their bytes. Specialize it for a type of
+/// your own that holds tensors; to_device runs on device_copy's thread, on the batch's own
+/// value, for every batch — also on host targets, where DeviceCopy::to_device is a no-op.
+/// Tensors a Collate makes live in pageable host memory, so the driver stages their copy
+/// (the batch's tensor fields are DMA'd straight from the pinned staging pool).
+template <class T>
+struct ToDevice {
+  static void to_device(T& /*value*/, DeviceCopy& /*copy*/) {}
+};
+
+/// A Tensor moves to the target.
+template <>
+struct ToDevice<Tensor> {
+  static void to_device(Tensor& value, DeviceCopy& copy) { value = copy.to_device(value); }
+};
+
+/// Every tensor of the list moves to the target.
+template <>
+struct ToDevice<std::vector<Tensor>> {
+  static void to_device(std::vector<Tensor>& values, DeviceCopy& copy) {
+    for (Tensor& t : values) t = copy.to_device(t);
+  }
 };
 
 }  // namespace flowstate

@@ -4,7 +4,8 @@
 //
 // Data path for a device target: the assembler collates into pinned host buffers (the staging
 // pool); copy() issues one cudaMemcpyAsync per field on the node's own non-blocking stream into
-// a pooled device buffer, records one event, and returns the batch with a Fence on that event.
+// a pooled device buffer — and one per tensor a user value's ToDevice moves with to_device() —
+// records one event, and returns the batch with a Fence on that event.
 // The Fence owns the source tensors, so a pinned staging buffer goes back to its pool only once
 // the DMA reading it is complete. Device buffers go back to their pool when the consumer drops
 // the batch; a later copy may then overwrite them, so the consumer must have finished (or
@@ -259,6 +260,27 @@ struct DeviceCopy::Impl {
   // Declared after the pool so that it is released first: its last owner synchronizes it
   // before the pool's blocks can be freed.
   std::shared_ptr<CopyStream> stream;
+  // The sources of the batch copy() is moving while it runs the batch's user_to_device, so
+  // that to_device() adds a user value's tensors to that batch's Fence; null otherwise.
+  std::vector<Tensor>* pending = nullptr;
+
+  /// Issues the copy of `t` (host, pinned, or another device) into a pooled buffer on
+  /// `target` and keeps `t` in `sources` until the copy is known complete. The target device
+  /// must be current.
+  Tensor issue(const Tensor& t, const Device& target, std::vector<Tensor>& sources) {
+    const std::size_t n = t.nbytes();
+    std::shared_ptr<Buffer> dst =
+        n == 0 ? std::make_shared<Buffer>(nullptr, 0, target, nullptr) : device_pool->acquire(n);
+    if (n > 0) {
+      // Host and pinned sources are host→device; a tensor on another device goes peer to
+      // peer, which cudaMemcpyDefault resolves through unified addressing.
+      cudaMemcpyKind kind =
+          t.device().kind == MemoryKind::kDevice ? cudaMemcpyDefault : cudaMemcpyHostToDevice;
+      check(cudaMemcpyAsync(dst->data(), t.data(), n, kind, stream->get()), "cudaMemcpyAsync");
+    }
+    sources.push_back(t);
+    return Tensor(std::move(dst), 0, t.dtype(), t.shape());
+  }
 };
 
 DeviceCopy::DeviceCopy(const DeviceCopyOptions& options) : target_(resolve(options.device)) {
@@ -279,14 +301,16 @@ DeviceCopy::DeviceCopy(const DeviceCopyOptions& options) : target_(resolve(optio
 DeviceCopy::~DeviceCopy() = default;
 
 Batch DeviceCopy::copy(Batch batch) {
-  if (!impl_) return batch;
+  if (!impl_) {
+    if (batch.user_to_device && batch.user.has_value()) batch.user_to_device(batch.user, *this);
+    return batch;
+  }
   // Host work upstream must be complete before the DMA reads it.
   if (batch.fence) {
     batch.fence->wait();
     batch.fence.reset();
   }
-  const int device = target_.index;
-  DeviceGuard guard(device);
+  DeviceGuard guard(target_.index);
   cudaStream_t stream = impl_->stream->get();
 
   std::vector<Tensor> sources;
@@ -294,18 +318,15 @@ Batch DeviceCopy::copy(Batch batch) {
   try {
     for (auto& [id, t] : batch.fields) {
       if (!t.defined() || t.device() == target_) continue;
-      const std::size_t n = t.nbytes();
-      std::shared_ptr<Buffer> dst = n == 0 ? std::make_shared<Buffer>(nullptr, 0, target_, nullptr)
-                                           : impl_->device_pool->acquire(n);
-      if (n > 0) {
-        // Host and pinned sources are host→device; a tensor on another device goes peer to
-        // peer, which cudaMemcpyDefault resolves through unified addressing.
-        cudaMemcpyKind kind =
-            t.device().kind == MemoryKind::kDevice ? cudaMemcpyDefault : cudaMemcpyHostToDevice;
-        check(cudaMemcpyAsync(dst->data(), t.data(), n, kind, stream), "cudaMemcpyAsync");
-      }
-      Tensor moved(std::move(dst), 0, t.dtype(), t.shape());
-      sources.push_back(std::exchange(t, std::move(moved)));
+      t = impl_->issue(t, target_, sources);
+    }
+    if (batch.user_to_device && batch.user.has_value()) {
+      impl_->pending = &sources;
+      struct Reset {
+        Impl* impl;
+        ~Reset() { impl->pending = nullptr; }
+      } reset{impl_.get()};
+      batch.user_to_device(batch.user, *this);
     }
     if (sources.empty()) return batch;
     cudaEvent_t event = impl_->stream->acquire_event();
@@ -322,6 +343,26 @@ Batch DeviceCopy::copy(Batch batch) {
     throw;
   }
   return batch;
+}
+
+Tensor DeviceCopy::to_device(const Tensor& tensor) {
+  if (!impl_ || !tensor.defined() || tensor.device() == target_) return tensor;
+  // Inside copy(): the target is current and the batch's Fence will cover this copy.
+  if (impl_->pending != nullptr) return impl_->issue(tensor, target_, *impl_->pending);
+  // On its own: nothing else will wait for the copy, so it completes here, before the
+  // source can be released.
+  DeviceGuard guard(target_.index);
+  cudaStream_t stream = impl_->stream->get();
+  std::vector<Tensor> sources;
+  try {
+    Tensor out = impl_->issue(tensor, target_, sources);
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return out;
+  } catch (...) {
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaGetLastError();
+    throw;
+  }
 }
 
 }  // namespace flowstate

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "graph/from_range.h"
 #include "graph/loader.h"
 #include "nodes/device_copy.h"
 #include "tests/support/testing.h"
@@ -311,6 +312,95 @@ TEST(FLOWSTATE_CUDA_SUITE, CopiesToTheRequestedDeviceAndKeepsTheCallersDevice) {
   EXPECT_EQ(current, 0);
 }
 
+/// A pageable host tensor of `n` bytes with the pattern of `seed`.
+Tensor pattern_tensor(std::size_t n, std::uint32_t seed) {
+  Tensor t(DType::kUInt8, Shape{static_cast<std::int64_t>(n)});
+  auto* p = static_cast<std::uint8_t*>(t.data());
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<std::uint8_t>(seed * 131 + i * 7);
+  return t;
+}
+
+/// `b` with a user value of one Tensor, moved by ToDevice<Tensor> as from_range sets it up.
+void set_user_tensor(Batch& b, Tensor t) {
+  b.user = UserValue::make(std::move(t));
+  b.user_to_device = [](UserValue& v, DeviceCopy& copy) {
+    ToDevice<Tensor>::to_device(v.get<Tensor>(), copy);
+  };
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, UserTensorJoinsTheBatchFence) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch out;
+  {
+    Batch in = pattern_batch(*copy.staging_pool(), 4096, 1);
+    set_user_tensor(in, pattern_tensor(3000, 2));
+    out = copy.copy(std::move(in));
+  }  // the pageable user tensor now lives only in the fence
+  ASSERT_NE(out.fence, nullptr);
+  out.fence->wait();
+  const Tensor& user = out.user.get<Tensor>();
+  EXPECT_EQ(user.device(), (Device{MemoryKind::kDevice, 0}));
+  EXPECT_EQ(user.shape(), (Shape{3000}));
+  EXPECT_TRUE(has_pattern(user, 2));
+  EXPECT_TRUE(has_pattern(out["data"], 1));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, BatchOfOnlyAUserValueGetsAFence) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch in;
+  set_user_tensor(in, pattern_tensor(100, 9));
+  Batch out = copy.copy(std::move(in));
+  ASSERT_NE(out.fence, nullptr);
+  out.fence->wait();
+  EXPECT_EQ(out.user.get<Tensor>().device().kind, MemoryKind::kDevice);
+  EXPECT_TRUE(has_pattern(out.user.get<Tensor>(), 9));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, ToDeviceOutsideCopyIsCompleteWhenItReturns) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cuda:0"});
+  Tensor out = copy.to_device(pattern_tensor(5000, 4));  // the source is gone right after
+  EXPECT_EQ(out.device(), (Device{MemoryKind::kDevice, 0}));
+  EXPECT_TRUE(has_pattern(out, 4));
+  EXPECT_EQ(copy.to_device(out).data(), out.data());  // already there: unchanged
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, ToDeviceOnAHostTargetReturnsTheTensor) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  DeviceCopy copy({.device = "cpu"});
+  Tensor t = pattern_tensor(10, 1);
+  EXPECT_EQ(copy.to_device(t).data(), t.data());
+  Batch in;
+  set_user_tensor(in, t);
+  Batch out = copy.copy(std::move(in));
+  EXPECT_EQ(out.fence, nullptr);
+  EXPECT_EQ(out.user.get<Tensor>().data(), t.data());
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, LoaderMovesFromRangeBatchesToTheDevice) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  std::vector<std::int32_t> values(10);
+  for (int i = 0; i < 10; ++i) values[i] = i * 3;
+  Loader loader(Pipeline::Builder()
+                    .source(from_range(values, {.name = "ints"}))
+                    .batch({.size = 4})
+                    .device_copy({.device = "cuda:0"})
+                    .build());
+  std::vector<std::int32_t> got;
+  while (auto b = loader.next()) {
+    EXPECT_EQ(b->fence, nullptr);  // the Loader waited on it
+    const Tensor& t = batch_value<std::int32_t>(*b);
+    EXPECT_EQ(t.device().kind, MemoryKind::kDevice);
+    std::vector<std::byte> bytes = bytes_of(t);
+    std::vector<std::int32_t> v(bytes.size() / sizeof(std::int32_t));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    got.insert(got.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(got, values);
+}
+
 #ifdef FLOWSTATE_FAKE_CUDART
 
 TEST(FLOWSTATE_CUDA_SUITE, FailedCopyThrowsErrorNamingTheCallAndTheNodeRecovers) {
@@ -393,6 +483,43 @@ TEST(FLOWSTATE_CUDA_SUITE, AutoFallsBackToHostWhenTheDeviceIsUnusable) {
   Batch out = copy.copy(in);
   EXPECT_EQ(out.fence, nullptr);
   EXPECT_EQ(out["data"].data(), in["data"].data());
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, FailedUserCopyThrowsAndTheNodeRecovers) {
+  DeviceCopy copy({.device = "cuda:0"});
+  // The field's copy is issued, then the user tensor's fails.
+  fake_cuda_fail_next("cudaMemcpyAsync", cudaErrorIllegalAddress, 1);
+  Batch in = pattern_batch(*copy.staging_pool(), 1000, 1);
+  set_user_tensor(in, pattern_tensor(500, 1));
+  try {
+    copy.copy(std::move(in));
+    FAIL() << "copy() did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "CUDA error in cudaMemcpyAsync: an illegal memory access was encountered "
+              "(cudaErrorIllegalAddress)");
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  Batch again = pattern_batch(*copy.staging_pool(), 1000, 2);
+  set_user_tensor(again, pattern_tensor(500, 3));
+  Batch out = copy.copy(std::move(again));
+  out.fence->wait();
+  EXPECT_TRUE(has_pattern(out["data"], 2));
+  EXPECT_TRUE(has_pattern(out.user.get<Tensor>(), 3));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, ThrowingUserToDeviceLeavesNoCopyInFlight) {
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch in = pattern_batch(*copy.staging_pool(), 1000, 1);
+  in.user = UserValue::make(pattern_tensor(64, 5));
+  in.user_to_device = [](UserValue& v, DeviceCopy& c) {
+    v.get<Tensor>() = c.to_device(v.get<Tensor>());
+    throw std::runtime_error("user failure");
+  };
+  EXPECT_THROW(copy.copy(std::move(in)), std::runtime_error);
+  // A later standalone to_device is not mistaken for part of the failed batch.
+  Tensor out = copy.to_device(pattern_tensor(64, 6));
+  EXPECT_TRUE(has_pattern(out, 6));
 }
 
 /// After every test: nothing device_copy allocated is left.
