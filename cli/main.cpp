@@ -15,7 +15,7 @@
 // The command table: adding a command is one line here (plus its cli/cmd_NAME.cpp, which
 // cli/CMakeLists.txt picks up). X(name, one-line summary).
 #define FLOWSTATE_CLI_COMMANDS(X)                                                    \
-  X(gen, "write a synthetic records data set (gen records --out DIR ...)")           \
+  X(gen, "write a synthetic data set: records, text lines or tar shards")            \
   X(run, "run a YAML pipeline as a trainer would, with checkpoints and resume")      \
   X(validate, "check a YAML pipeline; print the resolved graph and its fingerprint") \
   X(inspect, "print what a checkpoint holds")                                        \

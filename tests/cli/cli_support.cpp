@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -105,6 +106,18 @@ std::vector<std::string> read_lines(const std::string& path) {
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
+}
+
+std::vector<std::string> by_step(const std::vector<std::string>& lines) {
+  std::map<std::uint64_t, std::string> m;
+  for (const auto& l : lines) {
+    const std::uint64_t step = std::stoull(l.substr(0, l.find(' ')));
+    auto [it, inserted] = m.emplace(step, l);
+    EXPECT_TRUE(inserted || it->second == l) << "step " << step << " differs: " << l;
+  }
+  std::vector<std::string> out;
+  for (auto& [s, l] : m) out.push_back(l);
+  return out;
 }
 
 }  // namespace flowstate::testing

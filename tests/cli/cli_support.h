@@ -49,6 +49,10 @@ CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd);
 std::string read_file(const std::string& path);
 /// The lines of a file.
 std::vector<std::string> read_lines(const std::string& path);
+/// The lines of a digests or provenance file ("STEP ...") with one line per step, in step
+/// order: a resumed run repeats the steps after its checkpoint, and the repeats must be
+/// identical (a GoogleTest failure otherwise).
+std::vector<std::string> by_step(const std::vector<std::string>& lines);
 void write_file(const std::string& path, const std::string& text);
 
 }  // namespace flowstate::testing

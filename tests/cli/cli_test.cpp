@@ -18,6 +18,7 @@
 namespace flowstate {
 namespace {
 
+using testing::by_step;
 using testing::CliProcess;
 using testing::CliResult;
 using testing::read_file;
@@ -72,20 +73,6 @@ std::string step_dir(std::uint64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "step-%012llu", static_cast<unsigned long long>(step));
   return buf;
-}
-
-/// The lines of a digests file with one line per step (a resumed run repeats none; when it
-/// does, the repeats must be identical).
-std::vector<std::string> by_step(const std::vector<std::string>& lines) {
-  std::map<std::uint64_t, std::string> m;
-  for (const auto& l : lines) {
-    const std::uint64_t step = std::stoull(l.substr(0, l.find(' ')));
-    auto [it, inserted] = m.emplace(step, l);
-    EXPECT_TRUE(inserted || it->second == l) << "step " << step << " differs: " << l;
-  }
-  std::vector<std::string> out;
-  for (auto& [s, l] : m) out.push_back(l);
-  return out;
 }
 
 // ---- gen ----

@@ -2,15 +2,23 @@
 // made by `flowstate gen`, then validated, run and verified with the command.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
 #include <filesystem>
+#include <map>
 #include <regex>
+#include <thread>
 
 #include "tests/cli/cli_support.h"
 
 namespace flowstate {
 namespace {
 
+using testing::by_step;
+using testing::CliProcess;
 using testing::CliResult;
+using testing::read_lines;
 using testing::run_cli;
 using testing::TempDir;
 
@@ -74,6 +82,136 @@ TEST(Examples, LlmTokensDeliversUint16Tokens) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("\"value\": \"uint16\""), std::string::npos);
   EXPECT_NE(r.out.find("\"value\": \"[512]\""), std::string::npos);
+}
+
+// ---- mixed_text.yaml: a lines source and a tar source, mixed, filtered, packed ----
+
+/// Copies mixed_text.yaml and its two input files into `dir` and makes their data with
+/// `flowstate gen`, as the file's comment says (a smaller data set: about 230 batches).
+void prepare_mixed_text(const TempDir& dir) {
+  for (const char* f : {"mixed_text.yaml", "mixed_text_lines.yaml", "mixed_text_tar.yaml"})
+    fs::copy_file(fs::path(testing::source_dir()) / "examples/pipelines" / f, dir / f);
+  CliResult r =
+      run_cli({"gen", "lines", "--out", "data", "--docs", "2000", "--shards", "3"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_cli({"gen", "tar", "--out", "data", "--samples", "800", "--shards", "2"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+}
+
+TEST(Examples, MixedTextRunsOnGeneratedTextAndTarShards) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(prepare_mixed_text(dir));
+  CliResult r = run_cli({"validate", "mixed_text.yaml"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("[0] mix: mix\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lines.paths=data/docs-*.txt; lines.format=text; lines.field=tokens;"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("tar.paths=data/shard-*.tar; tar.fields=tokens;"), std::string::npos);
+  EXPECT_NE(r.out.find("data: ok\n"), std::string::npos);
+  // To the end of the data, with the checkpoint section's periodic checkpoints.
+  r = run_cli({"run", "mixed_text.yaml", "--digests", "d.txt"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.err, m,
+      std::regex("run finished \\(end of data\\): ([0-9]+) batches, steps 0\\.\\.[0-9]+, "
+                 "epoch 0, ([0-9]+) samples, ")))
+      << r.err;
+  const std::size_t batches = std::stoul(m[1]);
+  EXPECT_GT(batches, 150u);
+  // Batches of 16 rows, the last one short.
+  EXPECT_GT(std::stoul(m[2]), (batches - 1) * 16);
+  EXPECT_LE(std::stoul(m[2]), batches * 16);
+  EXPECT_EQ(read_lines(dir / "d.txt").size(), batches);
+  EXPECT_NE(r.err.find("flowstate: checkpoint ckpt/step-000000000100\n"), std::string::npos);
+  r = run_cli({"inspect", "ckpt"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("step: " + std::to_string(batches) + " "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  mix.stop = all_exhausted\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  pack.length = 64\n"), std::string::npos) << r.out;
+  // Every node state decodes, the mix's inputs included.
+  EXPECT_NE(r.out.find("  mix (mix): epoch "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"nodes\":[{\"name\":\"lines\",\"type\":\"lines\",\"state\":"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  batch (batch): epoch "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("not decoded"), std::string::npos) << r.out;
+  r = run_cli({"verify", "mixed_text.yaml", "--steps", "60", "--trials", "3"}, dir.str());
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+}
+
+TEST(Examples, MixedTextResumedRunEqualsAnUninterruptedOne) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(prepare_mixed_text(dir));
+  CliResult r = run_cli({"run", "mixed_text.yaml", "--checkpoint-dir", "ref_ck", "--digests",
+                         "full.txt", "--provenance", "full_prov.txt"},
+                        dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto full = read_lines(dir / "full.txt");
+  ASSERT_GT(full.size(), 150u);
+  // Stopped at step 137 with the pipeline's checkpoint directory, then resumed from the last
+  // periodic checkpoint, as after a crash: steps 120..136 run again.
+  r = run_cli({"run", "mixed_text.yaml", "--steps", "137", "--checkpoint-every", "20", "--digests",
+               "part.txt", "--provenance", "part_prov.txt"},
+              dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flowstate: checkpoint ckpt/step-000000000120\n"), std::string::npos);
+  EXPECT_NE(r.err.find("flowstate: checkpoint ckpt/step-000000000137\n"), std::string::npos);
+  fs::remove_all(dir / "ckpt/step-000000000137");
+  r = run_cli({"run", "mixed_text.yaml", "--resume", "--digests", "part.txt", "--provenance",
+               "part_prov.txt"},
+              dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(
+      r.err.find("flowstate: resumed from ckpt/step-000000000120: continuing with step 120\n"),
+      std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("run finished (end of data): " + std::to_string(full.size() - 120) +
+                       " batches, steps 120.."),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(read_lines(dir / "part.txt").size(), 137u + full.size() - 120);
+  EXPECT_EQ(by_step(read_lines(dir / "part.txt")), full);
+  EXPECT_EQ(by_step(read_lines(dir / "part_prov.txt")), read_lines(dir / "full_prov.txt"));
+}
+
+TEST(Examples, MixedTextSigtermThenResumeEqualsAnUninterruptedRun) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(prepare_mixed_text(dir));
+  // Epochs 0: the run cannot end by itself; a checkpoint every 7 steps (each fsynced) keeps
+  // it slow enough to be stopped mid-run.
+  const std::vector<std::string> common{
+      "run", "mixed_text.yaml", "--epochs", "0", "--checkpoint-every", "7", "--digests", "int.txt"};
+  CliProcess p(common, dir.str());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (read_lines(dir / "int.txt").size() < 40) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress in int.txt";
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  p.signal(SIGTERM);
+  CliResult r = p.wait();
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_NE(r.err.find("run finished (interrupted by SIGTERM)"), std::string::npos) << r.err;
+  const std::uint64_t last = std::stoull(read_lines(dir / "int.txt").back());
+  char ck[64];
+  std::snprintf(ck, sizeof(ck), "flowstate: checkpoint ckpt/step-%012llu\n",
+                static_cast<unsigned long long>(last + 1));
+  EXPECT_NE(r.err.find(ck), std::string::npos) << r.err;
+
+  std::vector<std::string> resume = common;
+  resume.insert(resume.end(), {"--resume", "--steps", std::to_string(last + 300)});
+  r = run_cli(resume, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_cli({"run", "mixed_text.yaml", "--epochs", "0", "--steps", std::to_string(last + 300),
+               "--checkpoint-dir", "ref_ck", "--digests", "ref.txt"},
+              dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Not one batch repeated or lost, into the next epoch.
+  const auto ref = read_lines(dir / "ref.txt");
+  EXPECT_EQ(read_lines(dir / "int.txt"), ref);
+  ASSERT_EQ(ref.back().rfind(std::to_string(last + 299) + " ", 0), 0u) << ref.back();
+  EXPECT_GE(std::stoull(ref.back().substr(ref.back().find(' ') + 1)), 1u) << ref.back();
 }
 
 }  // namespace
