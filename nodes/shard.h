@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "nodes/node.h"
-#include "nodes/sources/records.h"
+#include "nodes/sources/file_source.h"
 
 namespace flowstate {
 

@@ -19,7 +19,7 @@
 
 #include "core/permutation.h"
 #include "nodes/node.h"
-#include "nodes/sources/records.h"
+#include "nodes/sources/file_source.h"
 
 namespace flowstate {
 

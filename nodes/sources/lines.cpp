@@ -137,9 +137,8 @@ NodeDescription LinesOptions::describe() const {
 }
 
 LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t source_id)
-    : StatefulSpineNode(std::move(name)),
+    : FileSource(std::move(name), "lines", source_id),
       options_(std::move(options)),
-      source_id_(source_id),
       field_(field_id(options_.field)) {
   if (options_.paths.empty())
     throw ConfigError("lines.paths", "paths must name at least one file or glob");
@@ -154,44 +153,16 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
     json_ids_.push_back(field_id(key));
   }
 
-  files_ = expand_paths(options_.paths);
   // Which lines are records depends on skip_empty, so it is part of the index's kind.
   const std::string kind = options_.skip_empty ? "lines/1 skip_empty" : "lines/1";
-  first_.push_back(0);
-  for (const auto& f : files_) {
+  for (const auto& f : expand_paths(options_.paths)) {
     auto m = std::make_shared<const MappedFile>(f);
     auto index =
         load_index<std::uint64_t>(*m, kind, [&] { return scan_lines(*m, options_.skip_empty); });
-    total_ += index.entries.size();
-    first_.push_back(total_);
+    add_file(f, index.entries.size());
     starts_.push_back(std::move(index.entries));
     maps_.push_back(std::move(m));
   }
-}
-
-Ref LinesSource::at(std::uint64_t, std::uint64_t i) const {
-  // The file holding i: the last k with first_[k] <= i.
-  auto it = std::upper_bound(first_.begin(), first_.end(), i);
-  auto k = static_cast<std::uint32_t>(it - first_.begin() - 1);
-  return Ref{source_id_, k, i};
-}
-
-void LinesSource::start_epoch(std::uint64_t epoch) { state_ = {epoch, 0}; }
-
-std::size_t LinesSource::pull(std::span<Ref> out) {
-  std::size_t n =
-      static_cast<std::size_t>(std::min<std::uint64_t>(out.size(), total_ - state_.cursor));
-  for (std::size_t j = 0; j < n; ++j) out[j] = at(state_.epoch, state_.cursor + j);
-  state_.cursor += n;
-  return n;
-}
-
-std::size_t LinesSource::file_of(const Ref& ref) const {
-  const std::size_t k = ref.shard;
-  if (k >= maps_.size() || ref.index < first_[k] || ref.index >= first_[k + 1])
-    throw DataError(k < files_.size() ? files_[k] : options_.paths.front(), DataError::kNoOffset,
-                    "record " + std::to_string(ref.index) + " is out of range");
-  return k;
 }
 
 std::span<const std::byte> LinesSource::line(std::size_t k, std::uint64_t begin) const {
@@ -203,13 +174,12 @@ std::span<const std::byte> LinesSource::line(std::size_t k, std::uint64_t begin)
 }
 
 std::span<const std::byte> LinesSource::record(const Ref& ref) const {
-  const std::size_t k = file_of(ref);
-  return line(k, starts_[k][ref.index - first_[k]]);
+  return line(ref.shard, starts_[ref.shard][local(ref)]);
 }
 
 void LinesSource::read(const Ref& ref, Sample& sample) const {
-  const std::size_t k = file_of(ref);
-  const std::uint64_t offset = starts_[k][ref.index - first_[k]];
+  const std::uint64_t offset = starts_[ref.shard][local(ref)];
+  const std::size_t k = ref.shard;
   const std::span<const std::byte> bytes = line(k, offset);
   sample.ref = ref;
   if (options_.format == LinesFormat::kJsonl)
@@ -260,13 +230,6 @@ void LinesSource::fail(std::size_t k, std::uint64_t offset, const std::string& w
   throw DataError(files_[k], offset,
                   "'" + files_[k] + "' line " + std::to_string(line_number(k, offset)) + " (byte " +
                       std::to_string(offset) + "): " + what);
-}
-
-void LinesSource::validate(const CursorState& s) const {
-  if (s.cursor > total_)
-    throw CheckpointError(name(), "lines cursor " + std::to_string(s.cursor) +
-                                      " is past the source's " + std::to_string(total_) +
-                                      " records");
 }
 
 }  // namespace flowstate

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "nodes/node.h"
+#include "nodes/sources/file_source.h"
 #include "nodes/sources/mapped_file.h"
-#include "nodes/sources/records.h"
 
 namespace flowstate {
 
@@ -57,15 +57,9 @@ struct LinesOptions {
 /// The `lines` source. Opening maps every file and loads (or builds and caches) its index: an
 /// empty match or an unreadable file is a DataError naming the path; options that do not fit
 /// together are a ConfigError. Reading is thread-safe.
-class LinesSource final : public StatefulSpineNode<CursorState>, public RecordStore {
+class LinesSource final : public FileSource {
  public:
   LinesSource(std::string name, LinesOptions options, std::uint32_t source_id = 0);
-
-  std::uint64_t size(std::uint64_t) const override { return total_; }
-  bool indexed() const override { return true; }
-  Ref at(std::uint64_t epoch, std::uint64_t i) const override;
-  void start_epoch(std::uint64_t epoch) override;
-  std::size_t pull(std::span<Ref> out) override;
 
   /// 0: lines vary in size.
   std::size_t record_bytes() const override { return 0; }
@@ -76,14 +70,7 @@ class LinesSource final : public StatefulSpineNode<CursorState>, public RecordSt
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
 
-  const std::vector<std::string>& files() const { return files_; }
-
- protected:
-  void validate(const CursorState& s) const override;
-
  private:
-  /// The file holding `ref`; throws DataError for a Ref that is not one of this source's.
-  std::size_t file_of(const Ref& ref) const;
   /// The line starting at byte `begin` of file k, without its newline or '\r'.
   std::span<const std::byte> line(std::size_t k, std::uint64_t begin) const;
   /// The 1-based number of the line starting at `offset` of file k (counts newlines).
@@ -95,14 +82,10 @@ class LinesSource final : public StatefulSpineNode<CursorState>, public RecordSt
                  Sample& sample) const;
 
   LinesOptions options_;
-  std::uint32_t source_id_;
   FieldId field_;
   std::vector<FieldId> json_ids_;  ///< the ids of options_.json_fields
-  std::vector<std::string> files_;
   std::vector<std::shared_ptr<const MappedFile>> maps_;
   std::vector<std::vector<std::uint64_t>> starts_;  ///< per file: byte offset of each record
-  std::vector<std::uint64_t> first_;  ///< first global index of each file, plus the total
-  std::uint64_t total_ = 0;
 };
 
 }  // namespace flowstate

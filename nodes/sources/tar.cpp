@@ -243,9 +243,8 @@ NodeDescription TarOptions::describe() const {
 }
 
 TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_id)
-    : StatefulSpineNode(std::move(name)),
+    : FileSource(std::move(name), "tar", source_id),
       options_(std::move(options)),
-      source_id_(source_id),
       record_field_(field_id(options_.fields.empty() ? "data" : options_.fields.front())) {
   if (options_.paths.empty())
     throw ConfigError("tar.paths", "paths must name at least one file or glob");
@@ -257,9 +256,7 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
     field_ids_.push_back(field_id(ext));
   }
 
-  files_ = expand_paths(options_.paths);
-  first_.push_back(0);
-  for (const auto& f : files_) {
+  for (const auto& f : expand_paths(options_.paths)) {
     Shard shard;
     shard.map = std::make_shared<const MappedFile>(f);
     // The index holds every member, whatever `fields` says: options apply when grouping, so
@@ -267,8 +264,7 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
     shard.index = load_index<detail::TarMember>(*shard.map, "tar/1",
                                                 [&] { return TarScanner(*shard.map).scan(); });
     group(shard, f);
-    total_ += shard.samples.size();
-    first_.push_back(total_);
+    add_file(f, shard.samples.size());
     shards_.push_back(std::move(shard));
   }
 }
@@ -308,61 +304,34 @@ void TarSource::group(Shard& shard, const std::string& file) const {
   }
 }
 
-Ref TarSource::at(std::uint64_t, std::uint64_t i) const {
-  // The file holding i: the last k with first_[k] <= i.
-  auto it = std::upper_bound(first_.begin(), first_.end(), i);
-  auto k = static_cast<std::uint32_t>(it - first_.begin() - 1);
-  return Ref{source_id_, k, i};
-}
-
-void TarSource::start_epoch(std::uint64_t epoch) { state_ = {epoch, 0}; }
-
-std::size_t TarSource::pull(std::span<Ref> out) {
-  std::size_t n =
-      static_cast<std::size_t>(std::min<std::uint64_t>(out.size(), total_ - state_.cursor));
-  for (std::size_t j = 0; j < n; ++j) out[j] = at(state_.epoch, state_.cursor + j);
-  state_.cursor += n;
-  return n;
-}
-
-const TarSource::Shard& TarSource::shard_of(const Ref& ref) const {
-  const std::size_t k = ref.shard;
-  if (k >= shards_.size() || ref.index < first_[k] || ref.index >= first_[k + 1])
-    throw DataError(k < files_.size() ? files_[k] : options_.paths.front(), DataError::kNoOffset,
-                    "record " + std::to_string(ref.index) + " is out of range");
-  return shards_[k];
+std::pair<const TarSource::Shard*, std::pair<std::uint64_t, std::uint64_t>> TarSource::members_of(
+    const Ref& ref) const {
+  const std::uint64_t i = local(ref);
+  const Shard& s = shards_[ref.shard];
+  return {&s, s.samples[i]};
 }
 
 std::span<const std::byte> TarSource::record(const Ref& ref) const {
-  const Shard& s = shard_of(ref);
-  const auto [begin, end] = s.samples[ref.index - first_[ref.shard]];
-  const detail::TarMember& first = s.index.entries[begin];
-  const detail::TarMember& last = s.index.entries[end - 1];
-  return {s.map->data() + first.start, last.data + last.size - first.start};
+  const auto [s, members] = members_of(ref);
+  const detail::TarMember& first = s->index.entries[members.first];
+  const detail::TarMember& last = s->index.entries[members.second - 1];
+  return {s->map->data() + first.start, last.data + last.size - first.start};
 }
 
 void TarSource::read(const Ref& ref, Sample& sample) const {
-  const Shard& s = shard_of(ref);
-  const auto [begin, end] = s.samples[ref.index - first_[ref.shard]];
+  const auto [s, members] = members_of(ref);
   sample.ref = ref;
-  for (std::uint64_t i = begin; i < end; ++i) {
-    if (s.member_fields[i] == kNoField) continue;
-    const detail::TarMember& m = s.index.entries[i];
-    sample.set(s.member_fields[i], bytes_tensor(s.map->data() + m.data, m.size));
+  for (std::uint64_t i = members.first; i < members.second; ++i) {
+    if (s->member_fields[i] == kNoField) continue;
+    const detail::TarMember& m = s->index.entries[i];
+    sample.set(s->member_fields[i], bytes_tensor(s->map->data() + m.data, m.size));
   }
 }
 
 std::string_view TarSource::key(const Ref& ref) const {
-  const Shard& s = shard_of(ref);
-  const detail::TarMember& m = s.index.entries[s.samples[ref.index - first_[ref.shard]].first];
-  return std::string_view(s.index.strings).substr(m.name, m.key_size);
-}
-
-void TarSource::validate(const CursorState& s) const {
-  if (s.cursor > total_)
-    throw CheckpointError(name(), "tar cursor " + std::to_string(s.cursor) +
-                                      " is past the source's " + std::to_string(total_) +
-                                      " records");
+  const auto [s, members] = members_of(ref);
+  const detail::TarMember& m = s->index.entries[members.first];
+  return std::string_view(s->index.strings).substr(m.name, m.key_size);
 }
 
 }  // namespace flowstate

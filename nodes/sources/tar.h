@@ -33,9 +33,9 @@
 #include <vector>
 
 #include "nodes/node.h"
+#include "nodes/sources/file_source.h"
 #include "nodes/sources/index_cache.h"
 #include "nodes/sources/mapped_file.h"
-#include "nodes/sources/records.h"
 
 namespace flowstate {
 
@@ -72,15 +72,9 @@ struct TarMember {
 /// The `tar` source. Opening maps every file and loads (or builds and caches) its member
 /// index: an empty match, an unreadable file or a malformed archive is a DataError naming the
 /// file. Reading is thread-safe.
-class TarSource final : public StatefulSpineNode<CursorState>, public RecordStore {
+class TarSource final : public FileSource {
  public:
   TarSource(std::string name, TarOptions options, std::uint32_t source_id = 0);
-
-  std::uint64_t size(std::uint64_t) const override { return total_; }
-  bool indexed() const override { return true; }
-  Ref at(std::uint64_t epoch, std::uint64_t i) const override;
-  void start_epoch(std::uint64_t epoch) override;
-  std::size_t pull(std::span<Ref> out) override;
 
   /// 0: samples vary in size.
   std::size_t record_bytes() const override { return 0; }
@@ -94,10 +88,6 @@ class TarSource final : public StatefulSpineNode<CursorState>, public RecordStor
 
   /// The sample's key ("dir/a"), as WebDataset's `__key__`.
   std::string_view key(const Ref& ref) const;
-  const std::vector<std::string>& files() const { return files_; }
-
- protected:
-  void validate(const CursorState& s) const override;
 
  private:
   /// What the source keeps of one tar file.
@@ -111,16 +101,13 @@ class TarSource final : public StatefulSpineNode<CursorState>, public RecordStor
 
   /// Groups the members of `shard` into records, applying `fields` and `on_missing`.
   void group(Shard& shard, const std::string& file) const;
-  const Shard& shard_of(const Ref& ref) const;
+  /// The shard of `ref` and the record's members in it; throws DataError for a foreign Ref.
+  std::pair<const Shard*, std::pair<std::uint64_t, std::uint64_t>> members_of(const Ref& ref) const;
 
   TarOptions options_;
-  std::uint32_t source_id_;
   FieldId record_field_;
   std::vector<FieldId> field_ids_;  ///< the ids of options_.fields
-  std::vector<std::string> files_;
   std::vector<Shard> shards_;
-  std::vector<std::uint64_t> first_;  ///< first global index of each file, plus the total
-  std::uint64_t total_ = 0;
 };
 
 }  // namespace flowstate

@@ -1,0 +1,62 @@
+// FileSource: what every file-backed source (records, lines, tar) shares — records numbered
+// across files in order (record i of the source is record i - first_k of file k), O(1)
+// random access, and a cursor as its whole state. A derived source opens its files in its
+// constructor, calling add_file() once per file in order, and reads records by Ref.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "nodes/node.h"
+
+namespace flowstate {
+
+/// The spine state of a sequential source: where its cursor is.
+struct CursorState {
+  std::uint64_t epoch = 0;
+  std::uint64_t cursor = 0;  ///< Refs emitted in this epoch
+  template <class Archive>
+  void serialize(Archive& ar, std::uint32_t version) {
+    if (version > 1)
+      throw CheckpointError("state", "CursorState version " + std::to_string(version) +
+                                         " is newer than this build's 1; upgrade flowstate");
+    ar(epoch, cursor);
+  }
+};
+
+/// The base of file-backed sources. Not thread-safe in its spine part; `local()` is.
+class FileSource : public StatefulSpineNode<CursorState>, public RecordStore {
+ public:
+  /// `kind` names the source in messages ("records"); `source_id` goes into its Refs.
+  FileSource(std::string name, std::string kind, std::uint32_t source_id);
+
+  std::uint64_t size(std::uint64_t) const final { return total_; }
+  bool indexed() const final { return true; }
+  Ref at(std::uint64_t epoch, std::uint64_t i) const final;
+  void start_epoch(std::uint64_t epoch) final;
+  std::size_t pull(std::span<Ref> out) final;
+
+  /// The files, in record order.
+  const std::vector<std::string>& files() const { return files_; }
+
+ protected:
+  /// Appends the next file, holding `records` records.
+  void add_file(std::string path, std::uint64_t records);
+  /// The index of `ref` within its file; throws DataError naming the file (or the first
+  /// pattern) for a Ref that is not one of this source's.
+  std::uint64_t local(const Ref& ref) const;
+  void validate(const CursorState& s) const final;
+
+  std::uint32_t source_id_;
+  std::vector<std::string> files_;
+
+ private:
+  std::string kind_;
+  std::vector<std::uint64_t> first_{0};  ///< first global index of each file, plus the total
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace flowstate
+
+CEREAL_CLASS_VERSION(flowstate::CursorState, 1);
