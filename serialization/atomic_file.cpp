@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fd.h"
 
 namespace flowstate {
 namespace {
@@ -20,27 +21,6 @@ namespace fs = std::filesystem;
 [[noreturn]] void fail(const std::string& path, const std::string& what, int err) {
   throw CheckpointError(path, "cannot " + what + " '" + path + "': " + std::strerror(err));
 }
-
-/// Closes a descriptor on scope exit unless released.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  /// Closes now and reports close(2)'s error (which can be a deferred write error).
-  int close() {
-    int r = ::close(fd_);
-    fd_ = -1;
-    return r;
-  }
-
- private:
-  int fd_;
-};
 
 std::string parent_of(const std::string& path) {
   fs::path p = fs::path(path).parent_path();

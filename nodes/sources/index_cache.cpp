@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/fd.h"
 #include "core/hash.h"
 
 namespace flowstate {
@@ -29,26 +30,6 @@ struct CacheHeader {
   std::uint64_t strings_size;
 };
 static_assert(sizeof(CacheHeader) == 64 && std::is_trivially_copyable_v<CacheHeader>);
-
-/// Closes a descriptor on scope exit unless closed explicitly (writes check close()).
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  bool close() {
-    int fd = fd_;
-    fd_ = -1;
-    return ::close(fd) == 0;
-  }
-
- private:
-  int fd_;
-};
 
 bool read_all(int fd, void* data, std::size_t size) {
   auto* p = static_cast<char*>(data);
@@ -138,7 +119,7 @@ bool write_cache(const std::string& path, const CacheHeader& h,
             write_all(fd.get(), entries.data(), entries.size()) &&
             write_all(fd.get(), strings.data(), strings.size()) &&
             write_all(fd.get(), &checksum, sizeof(checksum));
-  ok = fd.close() && ok;
+  ok = fd.close() == 0 && ok;
   if (ok) ok = ::rename(tmp.c_str(), path.c_str()) == 0;
   if (!ok) ::unlink(tmp.c_str());
   return ok;
