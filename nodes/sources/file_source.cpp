@@ -30,12 +30,9 @@ std::size_t FileSource::pull(std::span<Ref> out) {
   return n;
 }
 
-std::uint64_t FileSource::local(const Ref& ref) const {
-  const std::size_t k = ref.shard;
-  if (k >= files_.size() || ref.index < first_[k] || ref.index >= first_[k + 1])
-    throw DataError(k < files_.size() ? files_[k] : kind_, DataError::kNoOffset,
-                    "record " + std::to_string(ref.index) + " is out of range");
-  return ref.index - first_[k];
+void FileSource::out_of_range(const Ref& ref) const {
+  throw DataError(ref.shard < files_.size() ? files_[ref.shard] : kind_, DataError::kNoOffset,
+                  "record " + std::to_string(ref.index) + " is out of range");
 }
 
 void FileSource::validate(const CursorState& s) const {
