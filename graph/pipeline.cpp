@@ -2,6 +2,8 @@
 
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include "core/error.h"
 #include "core/hash.h"
@@ -56,6 +58,16 @@ NodeSpec& Pipeline::Builder::add(NodeSpec::Kind kind, NodeDescription descriptio
 }
 
 namespace {
+
+/// Writes each warning to stderr once per process: a job that rebuilds its pipeline (every
+/// restore, every test) says it once, not every time.
+void say_warnings(const std::vector<std::string>& warnings) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard lock(mu);
+  for (const auto& w : warnings)
+    if (said.insert(w).second) std::cerr << "flowstate: warning: " << w << '\n';
+}
 
 /// The factory of a source class constructed as Source(name, options, source_id).
 template <class Source, class Options>
@@ -244,7 +256,7 @@ Pipeline Pipeline::Builder::build() const {
   if (copies > 1) throw ConfigError("device_copy", "at most one device_copy");
   if (copies == 1 && nodes.back().kind != K::kDeviceCopy)
     throw ConfigError("device_copy", "device_copy must be the last node");
-  for (const auto& w : p_.warnings_) std::cerr << "flowstate: warning: " << w << '\n';
+  say_warnings(p_.warnings_);
   return p_;
 }
 
@@ -259,7 +271,7 @@ Pipeline Pipeline::Builder::build_input() const {
                                   "' cannot be part of a mix input: an input is a source with "
                                   "shard, shuffle, filter and per-sample maps");
   }
-  for (const auto& w : p_.warnings_) std::cerr << "flowstate: warning: " << w << '\n';
+  say_warnings(p_.warnings_);
   return p_;
 }
 
