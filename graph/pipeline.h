@@ -1,6 +1,8 @@
-// Pipeline: an immutable description of a dataflow graph — a source, then spine nodes
-// (shard, shuffle), sample maps, `batch`, batch maps, `prefetch` and `device_copy` — built with
-// a fluent builder and run by a Loader. The same Pipeline can start any number of Loaders.
+// Pipeline: an immutable description of a dataflow graph — a source (records, lines, tar, a
+// C++ range via from_range, or a mix of input pipelines), then spine nodes (shard, shuffle),
+// sample maps, filters and pack, `batch`, batch maps, `prefetch` and `device_copy` — built
+// with a fluent builder and run by a Loader. The same Pipeline can start any number of
+// Loaders.
 //
 //   Pipeline p = Pipeline::Builder()
 //                    .seed(1234)

@@ -1,11 +1,12 @@
 // `batch`: groups Refs into batches and plans them (the last stateful stage of the spine),
 // then — in parallel, off the spine — gathers the records, applies per-sample maps and
-// collates fixed-size fields into one contiguous [B, ...] tensor per field, written
-// directly into its final (pooled) buffer.
+// collates each field: stacked into one contiguous [B, ...] tensor written directly into its
+// final (pooled) buffer, or padded / ragged for variable sizes, plus user values (Collate<T>).
 //
-// The planner knows each epoch's length before it starts, so `is_last_in_epoch` is set
-// before a batch is handed out. Skipped steps (Loader::skip) are dropped here: their Refs are
-// pulled but no record is read, and later batches keep their scheduled step numbers.
+// `is_last_in_epoch` is set before a batch is handed out: from the epoch's length when the
+// upstream knows it, else by looking one batch ahead (the stamp is cut before the look-ahead,
+// so look-ahead Refs are never state). Skipped steps (Loader::skip) are dropped here: their
+// Refs are pulled but no record is read, and later batches keep their scheduled step numbers.
 #pragma once
 
 #include <functional>
