@@ -76,9 +76,8 @@ class MixedFormats : public ::testing::Test {
     return Pipeline::Builder()
         .seed(11)
         .mix({lines, tar}, {.weights = {2, 1}, .stop = MixStop::kAllExhausted})
-        .filter(
-            [](const Sample& s, MapContext&) { return s.at("tokens").shape()[0] >= 3; },
-            {.name = "length", .params = {{"field", "tokens"}, {"min", "3"}}})
+        .filter([](const Sample& s, MapContext&) { return s.at("tokens").shape()[0] >= 3; },
+                {.name = "length", .params = {{"field", "tokens"}, {"min", "3"}}})
         .pack({.length = 24, .separator = 10, .drop_remainder = false, .pad = 0})
         .batch({.size = 4})
         .build();
