@@ -5,6 +5,8 @@
 
 #include <cereal/types/string.hpp>
 
+#include "core/error.h"
+
 namespace flowstate {
 
 namespace {
@@ -40,6 +42,14 @@ std::string serialize_stamp(const StampData& stamp) {
     }
   }
   return std::move(os).str();
+}
+
+void require_state_version(std::string_view type, std::uint32_t version, std::uint32_t supported,
+                           const std::string& where) {
+  if (version > supported)
+    throw CheckpointError(where, std::string(type) + " version " + std::to_string(version) +
+                                     " is newer than this build's " + std::to_string(supported) +
+                                     "; upgrade flowstate");
 }
 
 }  // namespace flowstate

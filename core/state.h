@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cereal/archives/portable_binary.hpp>
@@ -45,6 +46,11 @@ struct StampData {
   std::vector<std::shared_ptr<const NodeSnapshot>> snapshots;  ///< pipeline order
 };
 using Stamp = std::shared_ptr<const StampData>;
+
+/// Checks the version of a state struct being loaded: throws CheckpointError (on `where`)
+/// "TYPE version V is newer than this build's SUPPORTED; upgrade flowstate" when it is newer.
+void require_state_version(std::string_view type, std::uint32_t version, std::uint32_t supported,
+                           const std::string& where = "state");
 
 /// Reads a string written by cereal (size tag, then bytes), refusing a size above the
 /// thread's read limit (see StateReadLimit) before allocating: a corrupt length field must

@@ -88,9 +88,7 @@ struct IterableState {
   }
   template <class Archive>
   void load(Archive& ar, std::uint32_t version) {
-    if (version > 1)
-      throw CheckpointError("state", "IterableState version " + std::to_string(version) +
-                                         " is newer than this build's 1; upgrade flowstate");
+    require_state_version("IterableState", version, 1);
     ar(epoch, cursor);
     load_bounded(ar, position);
   }

@@ -76,9 +76,7 @@ struct BatchState {
   bool started = false;              ///< the epoch's upstream has been started
   template <class Archive>
   void serialize(Archive& ar, std::uint32_t version) {
-    if (version > 1)
-      throw CheckpointError("state", "BatchState version " + std::to_string(version) +
-                                         " is newer than this build's 1; upgrade flowstate");
+    require_state_version("BatchState", version, 1);
     ar(epoch, step, index_in_epoch, started);
   }
 };

@@ -41,9 +41,7 @@ struct FilterState {
   std::uint64_t dropped = 0;  ///< samples dropped so far in the epoch
   template <class Archive>
   void serialize(Archive& ar, std::uint32_t version) {
-    if (version > 1)
-      throw CheckpointError("state", "FilterState version " + std::to_string(version) +
-                                         " is newer than this build's 1; upgrade flowstate");
+    require_state_version("FilterState", version, 1);
     ar(epoch, dropped);
   }
 };

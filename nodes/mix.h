@@ -67,9 +67,7 @@ struct MixState {
   }
   template <class Archive>
   void load(Archive& ar, std::uint32_t version) {
-    if (version > 1)
-      throw CheckpointError("state", "MixState version " + std::to_string(version) +
-                                         " is newer than this build's 1; upgrade flowstate");
+    require_state_version("MixState", version, 1);
     std::uint32_t n = 0;
     ar(epoch, draws, ended, n);
     // Checked against the pipeline's inputs before anything is allocated for them.

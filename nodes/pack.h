@@ -49,9 +49,7 @@ struct PackState {
   std::uint64_t documents = 0;  ///< documents read in this epoch
   template <class Archive>
   void serialize(Archive& ar, std::uint32_t version) {
-    if (version > 1)
-      throw CheckpointError("state", "PackState version " + std::to_string(version) +
-                                         " is newer than this build's 1; upgrade flowstate");
+    require_state_version("PackState", version, 1);
     ar(epoch, rows, has_carry, carry, carry_at, documents);
   }
 };

@@ -122,9 +122,7 @@ void BufferShuffleState::save(Archive& ar, std::uint32_t) const {
 
 template <class Archive>
 void BufferShuffleState::load(Archive& ar, std::uint32_t version) {
-  if (version > 1)
-    throw CheckpointError("shuffle", "BufferShuffleState version " + std::to_string(version) +
-                                         " is newer than this build's 1; upgrade flowstate");
+  require_state_version("BufferShuffleState", version, 1, "shuffle");
   ar(epoch, draws);
   bool has = false;
   ar(has);

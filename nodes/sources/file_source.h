@@ -18,9 +18,7 @@ struct CursorState {
   std::uint64_t cursor = 0;  ///< Refs emitted in this epoch
   template <class Archive>
   void serialize(Archive& ar, std::uint32_t version) {
-    if (version > 1)
-      throw CheckpointError("state", "CursorState version " + std::to_string(version) +
-                                         " is newer than this build's 1; upgrade flowstate");
+    require_state_version("CursorState", version, 1);
     ar(epoch, cursor);
   }
 };
