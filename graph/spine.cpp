@@ -16,33 +16,6 @@ std::uint64_t node_key(std::uint64_t seed, std::size_t index, std::string_view t
 
 namespace {
 
-/// A store's record with maps applied: what a filter or pack sees.
-class ChainReader final : public SampleReader {
- public:
-  ChainReader(const RecordStore* store, std::string store_name, std::vector<SampleStage> stages)
-      : store_(store), store_name_(std::move(store_name)), stages_(std::move(stages)) {}
-  void read(const Ref& ref, std::uint64_t epoch, Sample& sample) const override {
-    try {
-      store_->read(ref, sample);
-    } catch (...) {
-      rethrow_with_node(std::current_exception(), store_name_);
-    }
-    for (const auto& stage : stages_) {
-      MapContext ctx{epoch, ElementRng(stage.key, element_stream(epoch, ref))};
-      try {
-        stage.fn(sample, ctx);
-      } catch (...) {
-        rethrow_with_node(std::current_exception(), stage.name);
-      }
-    }
-  }
-
- private:
-  const RecordStore* store_;
-  std::string store_name_;
-  std::vector<SampleStage> stages_;
-};
-
 /// Pack rows carry a source id of their own, out of the way of sources and mix inputs.
 constexpr std::uint32_t kPackSourceBase = 0x80000000u;
 
@@ -57,7 +30,7 @@ Spine::Chain Spine::build_chain(const Pipeline& pipeline, std::uint32_t source_i
     c.nodes.push_back(std::move(node));
   };
   auto reader = [&]() -> const SampleReader* {
-    c.readers.push_back(std::make_unique<ChainReader>(c.store, c.store_name, c.stages));
+    c.readers.push_back(std::make_unique<MappedReader>(c.store, c.store_name, c.stages));
     return c.readers.back().get();
   };
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -81,7 +54,7 @@ Spine::Chain Spine::build_chain(const Pipeline& pipeline, std::uint32_t source_i
           in.own = std::move(sub.readers);
           in.store = sub.store;
           in.reader =
-              std::make_unique<ChainReader>(sub.store, sub.store_name, std::move(sub.stages));
+              std::make_unique<MappedReader>(sub.store, sub.store_name, std::move(sub.stages));
           inputs.push_back(std::move(in));
         }
         auto mix = std::make_unique<MixNode>(spec.name, spec.mix, key, std::move(inputs));

@@ -199,11 +199,26 @@ BatchAssembler::BatchAssembler(const RecordStore* store, std::string store_name,
                                std::vector<BatchStage> batch_stages,
                                std::shared_ptr<BufferPool> pool)
     : store_(store),
-      source_name_(std::move(store_name)),
+      reader_(store, std::move(store_name), std::move(sample_stages)),
       options_(std::move(options)),
-      sample_stages_(std::move(sample_stages)),
       batch_stages_(std::move(batch_stages)),
       pool_(std::move(pool)) {}
+
+void MappedReader::read(const Ref& ref, std::uint64_t epoch, Sample& sample) const {
+  try {
+    store_->read(ref, sample);
+  } catch (...) {
+    rethrow_with_node(std::current_exception(), store_name_);
+  }
+  for (const auto& stage : stages_) {
+    MapContext ctx{epoch, ElementRng(stage.key, element_stream(epoch, ref))};
+    try {
+      stage.fn(sample, ctx);
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), stage.name);
+    }
+  }
+}
 
 Batch BatchAssembler::assemble(BatchPlan plan) const {
   Batch batch;
@@ -221,32 +236,17 @@ Batch BatchAssembler::assemble(BatchPlan plan) const {
 }
 
 void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch) const {
-  if (sample_stages_.empty() && store_->record_bytes() > 0 &&
+  if (!reader_.has_maps() && store_->record_bytes() > 0 &&
       options_.collate == CollateMode::kStack) {
     try {
       batch = gather(plan);
     } catch (...) {
-      rethrow_with_node(std::current_exception(), source_name_);
+      rethrow_with_node(std::current_exception(), reader_.store_name());
     }
   } else {
     std::vector<Sample> samples(plan.info.refs.size());
-    for (std::size_t i = 0; i < samples.size(); ++i) {
-      const Ref& ref = plan.info.refs[i];
-      try {
-        store_->read(ref, samples[i]);
-      } catch (...) {
-        rethrow_with_node(std::current_exception(), source_name_);
-      }
-      for (const auto& stage : sample_stages_) {
-        MapContext ctx{plan.info.epoch,
-                       ElementRng(stage.key, element_stream(plan.info.epoch, ref))};
-        try {
-          stage.fn(samples[i], ctx);
-        } catch (...) {
-          rethrow_with_node(std::current_exception(), stage.name);
-        }
-      }
-    }
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      reader_.read(plan.info.refs[i], plan.info.epoch, samples[i]);
     try {
       batch = collate(plan, samples);
     } catch (...) {

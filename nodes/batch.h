@@ -159,6 +159,24 @@ struct BatchStage {
   BatchFn fn;
 };
 
+/// A store's records with per-sample maps applied: what the assembler reads, and what a
+/// filter or pack sees at its position. Errors name the store or the failing map.
+/// Thread-safe.
+class MappedReader final : public SampleReader {
+ public:
+  MappedReader(const RecordStore* store, std::string store_name, std::vector<SampleStage> stages)
+      : store_(store), store_name_(std::move(store_name)), stages_(std::move(stages)) {}
+  void read(const Ref& ref, std::uint64_t epoch, Sample& sample) const override;
+  const RecordStore* store() const { return store_; }
+  const std::string& store_name() const { return store_name_; }
+  bool has_maps() const { return !stages_.empty(); }
+
+ private:
+  const RecordStore* store_;
+  std::string store_name_;
+  std::vector<SampleStage> stages_;
+};
+
 /// Turns plans into batches: stateless, thread-safe, runs on parallel workers.
 class BatchAssembler {
  public:
@@ -178,9 +196,8 @@ class BatchAssembler {
   CollateMode mode_of(FieldId id, const Tensor& proto) const;
 
   const RecordStore* store_;
-  std::string source_name_;
+  MappedReader reader_;
   BatchOptions options_;
-  std::vector<SampleStage> sample_stages_;
   std::vector<BatchStage> batch_stages_;
   std::shared_ptr<BufferPool> pool_;
 };
