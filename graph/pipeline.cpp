@@ -69,31 +69,21 @@ void say_warnings(const std::vector<std::string>& warnings) {
     if (said.insert(w).second) std::cerr << "flowstate: warning: " << w << '\n';
 }
 
-/// The factory of a source class constructed as Source(name, options, source_id).
-template <class Source, class Options>
-SourceFactory factory_of(Options options) {
-  return [options = std::move(options)](const std::string& name, std::uint32_t id) {
-    auto node = std::make_unique<Source>(name, options, id);
-    const RecordStore* store = node.get();
-    return SourceParts{std::move(node), store};
-  };
-}
-
 }  // namespace
 
 Pipeline::Builder& Pipeline::Builder::records(RecordsOptions options) {
   NodeDescription d = options.describe();
-  return source(std::move(d), factory_of<RecordsSource>(std::move(options)));
+  return source(std::move(d), source_factory<RecordsSource>(std::move(options)));
 }
 
 Pipeline::Builder& Pipeline::Builder::lines(LinesOptions options) {
   NodeDescription d = options.describe();
-  return source(std::move(d), factory_of<LinesSource>(std::move(options)));
+  return source(std::move(d), source_factory<LinesSource>(std::move(options)));
 }
 
 Pipeline::Builder& Pipeline::Builder::tar(TarOptions options) {
   NodeDescription d = options.describe();
-  return source(std::move(d), factory_of<TarSource>(std::move(options)));
+  return source(std::move(d), source_factory<TarSource>(std::move(options)));
 }
 
 Pipeline::Builder& Pipeline::Builder::source(NodeDescription description, SourceFactory factory) {

@@ -44,6 +44,17 @@ struct SourceParts {
 };
 /// Creates a source's spine node; `source_id` goes into its Refs.
 using SourceFactory = std::function<SourceParts(const std::string& name, std::uint32_t source_id)>;
+/// The factory of a source class constructed as Source(name, options, source_id) that is
+/// also its RecordStore (records, lines, tar).
+template <class Source, class Options>
+SourceFactory source_factory(Options options) {
+  return [options = std::move(options)](const std::string& name, std::uint32_t source_id) {
+    auto node = std::make_unique<Source>(name, options, source_id);
+    const RecordStore* store = node.get();
+    return SourceParts{std::move(node), store};
+  };
+}
+
 /// A complete source description, as from_range() returns it.
 struct SourceSpec {
   NodeDescription description;

@@ -243,12 +243,7 @@ void add_file_source(NodeContext& ctx, Options written) {
     std::filesystem::path f(path);
     if (f.is_relative() && !ctx.base_dir.empty()) path = (ctx.base_dir / f).string();
   }
-  ctx.builder.source(written.describe(),
-                     [resolved](const std::string& name, std::uint32_t source_id) {
-                       auto node = std::make_unique<Source>(name, resolved, source_id);
-                       const RecordStore* store = node.get();
-                       return SourceParts{std::move(node), store};
-                     });
+  ctx.builder.source(written.describe(), source_factory<Source>(std::move(resolved)));
 }
 
 NodeSchema records_schema() {

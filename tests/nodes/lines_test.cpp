@@ -532,7 +532,7 @@ TEST(LinesSource, SurvivesSaveAndRestoreOfTextLines) {
   auto make = [&] {
     return Pipeline::Builder()
         .seed(11)
-        .source(o.describe(), testing::source_factory<LinesSource>(o))
+        .source(o.describe(), source_factory<LinesSource>(o))
         .shuffle({.mode = ShuffleMode::kGlobal})
         .batch({.size = 16})
         .build();
@@ -561,7 +561,7 @@ TEST(LinesSource, SurvivesSaveAndRestoreOfJsonLinesWithAMap) {
   auto make = [&] {
     return Pipeline::Builder()
         .seed(5)
-        .source(o.describe(), testing::source_factory<LinesSource>(o))
+        .source(o.describe(), source_factory<LinesSource>(o))
         .shuffle({.mode = ShuffleMode::kGlobal})
         .map(pad, {.name = "pad16"})
         .batch({.size = 32})

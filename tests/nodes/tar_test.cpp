@@ -381,7 +381,7 @@ TEST(TarSource, SurvivesSaveAndRestore) {
   auto make = [&] {
     return Pipeline::Builder()
         .seed(17)
-        .source(o.describe(), testing::source_factory<TarSource>(o))
+        .source(o.describe(), source_factory<TarSource>(o))
         .shuffle({.mode = ShuffleMode::kGlobal})
         .batch({.size = 16})
         .build();

@@ -74,17 +74,6 @@ inline constexpr std::size_t kTarTypeField = 156;
 void patch_tar_header(const std::string& path, std::uint64_t header, std::size_t field,
                       std::string_view bytes);
 
-/// A factory for Pipeline::Builder::source that opens a `Source` (LinesSource, TarSource, ...)
-/// constructed as Source(name, options, source_id).
-template <class Source, class Options>
-SourceFactory source_factory(Options options) {
-  return [options](const std::string& name, std::uint32_t source_id) {
-    auto node = std::make_unique<Source>(name, options, source_id);
-    const RecordStore* store = node.get();
-    return SourceParts{std::move(node), store};
-  };
-}
-
 /// Writes `bytes` to `path`, replacing it.
 void write_file(const std::string& path, std::string_view bytes);
 /// Overwrites the bytes of `path` at `offset` (the file keeps its size where they fit).
