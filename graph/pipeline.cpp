@@ -141,11 +141,7 @@ Pipeline::Builder& Pipeline::Builder::mix(std::vector<Pipeline> inputs, MixOptio
     described.push_back("{" + d + "}");
   }
   NodeSpec& n = add(NodeSpec::Kind::kMix, options.describe(described));
-  if (inputs.size() < 2) throw ConfigError(n.name + ".inputs", "mix needs at least two inputs");
-  if (options.weights.size() != inputs.size())
-    throw ConfigError(n.name + ".weights", "mix has " + std::to_string(inputs.size()) +
-                                               " inputs but " +
-                                               std::to_string(options.weights.size()) + " weights");
+  options.validate(inputs.size(), n.name);
   n.mix = std::move(options);
   n.mix_inputs = std::make_shared<const std::vector<Pipeline>>(std::move(inputs));
   return *this;

@@ -648,9 +648,6 @@ NodeSchema mix_schema() {
       if (f.is_relative() && !ctx.base_dir.empty()) f = ctx.base_dir / f;
       inputs.push_back(from_yaml_file(f.string(), {.mix_input = true}));
     }
-    if (inputs.size() != o.weights.size())
-      throw ConfigError("weights", "mix has " + std::to_string(inputs.size()) + " inputs but " +
-                                       std::to_string(o.weights.size()) + " weights");
     ctx.builder.mix(std::move(inputs), std::move(o));
   };
   return n;

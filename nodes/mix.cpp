@@ -31,6 +31,16 @@ NodeDescription MixOptions::describe(const std::vector<std::string>& inputs) con
   return d;
 }
 
+void MixOptions::validate(std::size_t inputs, const std::string& node) const {
+  if (inputs < 2) throw ConfigError(node + ".inputs", "mix needs at least two inputs");
+  if (weights.size() != inputs)
+    throw ConfigError(node + ".weights", "mix has " + std::to_string(inputs) + " inputs but " +
+                                             std::to_string(weights.size()) + " weights");
+  for (double w : weights)
+    if (!(w > 0) || !std::isfinite(w))
+      throw ConfigError(node + ".weights", "every weight must be a positive number");
+}
+
 namespace {
 
 /// The mix's own state, then every input node's name and state.
@@ -55,15 +65,7 @@ MixNode::MixNode(std::string name, MixOptions options, std::uint64_t key,
       options_(std::move(options)),
       key_(key),
       inputs_(std::move(inputs)) {
-  if (inputs_.size() < 2)
-    throw ConfigError(this->name() + ".inputs", "mix needs at least two inputs");
-  if (options_.weights.size() != inputs_.size())
-    throw ConfigError(this->name() + ".weights",
-                      "mix has " + std::to_string(inputs_.size()) + " inputs but " +
-                          std::to_string(options_.weights.size()) + " weights");
-  for (double w : options_.weights)
-    if (!(w > 0) || !std::isfinite(w))
-      throw ConfigError(this->name() + ".weights", "every weight must be a positive number");
+  options_.validate(inputs_.size(), this->name());
   state_.resize(inputs_.size());
   state_.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
 }

@@ -39,6 +39,9 @@ struct MixOptions {
   MixStop stop = MixStop::kFirstExhausted;
   /// `inputs` are the inputs' canonical descriptions (for the fingerprint).
   NodeDescription describe(const std::vector<std::string>& inputs) const;
+  /// Throws ConfigError (key "NODE.inputs" / "NODE.weights") unless there are at least two
+  /// inputs and one positive, finite weight for each.
+  void validate(std::size_t inputs, const std::string& node) const;
 };
 
 /// One instantiated input of a mix: its spine chain (source first) and how to read its Refs.
