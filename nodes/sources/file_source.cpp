@@ -1,8 +1,21 @@
 #include "nodes/sources/file_source.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace flowstate {
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string joined;
+  for (const auto& item : items) joined += (joined.empty() ? "" : ",") + item;
+  return joined;
+}
+
+Tensor bytes_tensor(const void* data, std::size_t size) {
+  Tensor t(DType::kUInt8, Shape{static_cast<std::int64_t>(size)});
+  if (size > 0) std::memcpy(t.data(), data, size);
+  return t;
+}
 
 FileSource::FileSource(std::string name, std::string kind, std::uint32_t source_id)
     : StatefulSpineNode(std::move(name)), source_id_(source_id), kind_(std::move(kind)) {}

@@ -12,6 +12,12 @@
 
 namespace flowstate {
 
+/// "a,b,c": a list parameter's canonical text in a source's description.
+std::string join_list(const std::vector<std::string>& items);
+/// A uint8 [size] tensor holding a copy of `size` bytes at `data` (samples are writable, so
+/// they never view a read-only mapping).
+Tensor bytes_tensor(const void* data, std::size_t size);
+
 /// The spine state of a sequential source: where its cursor is.
 struct CursorState {
   std::uint64_t epoch = 0;

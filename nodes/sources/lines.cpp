@@ -15,12 +15,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string join(const std::vector<std::string>& items) {
-  std::string joined;
-  for (const auto& item : items) joined += (joined.empty() ? "" : ",") + item;
-  return joined;
-}
-
 /// The byte offset of every record of `file`: each line's start, empty lines left out when
 /// `skip_empty`.
 FileIndex<std::uint64_t> scan_lines(const MappedFile& file, bool skip_empty) {
@@ -36,12 +30,6 @@ FileIndex<std::uint64_t> scan_lines(const MappedFile& file, bool skip_empty) {
     pos = end + 1;
   }
   return index;
-}
-
-Tensor bytes_tensor(const void* data, std::size_t size) {
-  Tensor t(DType::kUInt8, Shape{static_cast<std::int64_t>(size)});
-  if (size > 0) std::memcpy(t.data(), data, size);
-  return t;
 }
 
 template <class T>
@@ -129,11 +117,11 @@ LinesFormat parse_lines_format(std::string_view name) {
 
 NodeDescription LinesOptions::describe() const {
   return {"lines",
-          {{"paths", join(paths)},
+          {{"paths", join_list(paths)},
            {"format", std::string(lines_format_name(format))},
            {"field", field},
            {"skip_empty", skip_empty ? "true" : "false"},
-           {"json_fields", join(json_fields)}}};
+           {"json_fields", join_list(json_fields)}}};
 }
 
 LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t source_id)

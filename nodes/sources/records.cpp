@@ -8,10 +8,10 @@
 namespace flowstate {
 
 NodeDescription RecordsOptions::describe() const {
-  std::string joined;
-  for (const auto& p : paths) joined += (joined.empty() ? "" : ",") + p;
   return {"records",
-          {{"paths", joined}, {"record_bytes", std::to_string(record_bytes)}, {"field", field}}};
+          {{"paths", join_list(paths)},
+           {"record_bytes", std::to_string(record_bytes)},
+           {"field", field}}};
 }
 
 RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint32_t source_id)
@@ -42,10 +42,8 @@ std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
 void RecordsSource::read(const Ref& ref, Sample& sample) const {
   // A copy, not a view of the read-only mapping: maps may modify samples in place.
   auto bytes = record(ref);
-  Tensor t(DType::kUInt8, Shape{static_cast<std::int64_t>(bytes.size())});
-  std::memcpy(t.data(), bytes.data(), bytes.size());
   sample.ref = ref;
-  sample.set(field_, std::move(t));
+  sample.set(field_, bytes_tensor(bytes.data(), bytes.size()));
 }
 
 }  // namespace flowstate

@@ -25,12 +25,6 @@ constexpr std::size_t kPrefixAt = 345, kPrefixWidth = 155;
 
 std::uint64_t round_up(std::uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
-std::string join(const std::vector<std::string>& items) {
-  std::string joined;
-  for (const auto& item : items) joined += (joined.empty() ? "" : ",") + item;
-  return joined;
-}
-
 /// A header string field: up to `width` bytes, ended early by a NUL.
 std::string_view header_string(const unsigned char* h, std::size_t at, std::size_t width) {
   const auto* p = reinterpret_cast<const char*>(h + at);
@@ -216,12 +210,6 @@ class TarScanner {
   std::optional<std::uint64_t> pending_size_;
 };
 
-Tensor bytes_tensor(const std::byte* data, std::size_t size) {
-  Tensor t(DType::kUInt8, Shape{static_cast<std::int64_t>(size)});
-  if (size > 0) std::memcpy(t.data(), data, size);
-  return t;
-}
-
 }  // namespace
 
 std::string_view missing_field_name(MissingField m) {
@@ -237,8 +225,8 @@ MissingField parse_missing_field(std::string_view name) {
 
 NodeDescription TarOptions::describe() const {
   return {"tar",
-          {{"paths", join(paths)},
-           {"fields", join(fields)},
+          {{"paths", join_list(paths)},
+           {"fields", join_list(fields)},
            {"on_missing", std::string(missing_field_name(on_missing))}}};
 }
 
