@@ -79,19 +79,22 @@ std::size_t StreamNodeBase::pull(std::span<Ref> out) {
   try {
     if (at_size() || ended_) return 0;
     if (!positioned_) reposition();
+    produced_.clear();
     while (n < out.size() && !at_size()) {
       std::optional<UserValue> v = produce();
       if (!v) {
         ended_ = true;
         break;
       }
-      const Ref ref{source_id_, static_cast<std::uint32_t>(state_.epoch), state_.cursor};
-      {
-        std::lock_guard lock(mu_);
-        held_.insert_or_assign({ref.shard, ref.index}, std::move(*v));
-      }
-      out[n++] = ref;
+      out[n++] = Ref{source_id_, static_cast<std::uint32_t>(state_.epoch), state_.cursor};
+      produced_.push_back(std::move(*v));
       ++state_.cursor;
+    }
+    {
+      // One lock per pull, not per value: workers read the table concurrently.
+      std::lock_guard lock(mu_);
+      for (std::size_t j = 0; j < n; ++j)
+        held_.insert_or_assign({out[j].shard, out[j].index}, std::move(produced_[j]));
     }
     if (ended_ && size_.has_value() && state_.cursor < *size_)
       throw DataError(label_, DataError::kNoOffset,

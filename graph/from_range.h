@@ -383,6 +383,7 @@ class StreamNodeBase : public IterableNodeBase {
   bool ended_ = false;  ///< the pass returned nullopt
   mutable std::mutex mu_;
   mutable std::map<std::pair<std::uint32_t, std::uint64_t>, UserValue> held_;
+  std::vector<UserValue> produced_;  ///< pull()'s scratch (spine thread only)
 };
 
 /// A forward range, replayed on resume. `Held` as for IndexedRangeNode.
