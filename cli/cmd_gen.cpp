@@ -31,6 +31,7 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/fd.h"
 #include "nodes/sources/index_cache.h"
 
 namespace flowstate::cli {
@@ -90,14 +91,14 @@ struct Layout {
 class AtomicFile {
  public:
   AtomicFile(const std::filesystem::path& dir, const std::string& name)
-      : final_path_((dir / name).string()), tmp_path_((dir / ("." + name + ".tmp")).string()) {
-    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0)
+      : final_path_((dir / name).string()),
+        tmp_path_((dir / ("." + name + ".tmp")).string()),
+        fd_(::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+    if (fd_.get() < 0)
       throw DataError(tmp_path_, DataError::kNoOffset,
                       "cannot create '" + tmp_path_ + "': " + std::strerror(errno));
   }
   ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
     if (!committed_) {
       std::error_code ec;
       std::filesystem::remove(tmp_path_, ec);
@@ -109,7 +110,7 @@ class AtomicFile {
   void write(const void* data, std::size_t bytes) {
     const auto* p = static_cast<const char*>(data);
     for (std::size_t done = 0; done < bytes;) {
-      ssize_t w = ::write(fd_, p + done, bytes - done);
+      ssize_t w = ::write(fd_.get(), p + done, bytes - done);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0)
         throw DataError(tmp_path_, offset_ + done,
@@ -128,8 +129,7 @@ class AtomicFile {
 
   /// Closes the file and renames it into place.
   void commit() {
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0)
+    if (fd_.close() != 0)
       throw DataError(tmp_path_, DataError::kNoOffset,
                       "cannot close '" + tmp_path_ + "': " + std::strerror(errno));
     std::error_code ec;
@@ -147,7 +147,7 @@ class AtomicFile {
  private:
   std::string final_path_;
   std::string tmp_path_;
-  int fd_ = -1;
+  Fd fd_;
   std::uint64_t offset_ = 0;
   bool committed_ = false;
 };
