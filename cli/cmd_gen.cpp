@@ -30,8 +30,8 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "core/rng.h"
 #include "core/fd.h"
+#include "core/rng.h"
 #include "nodes/sources/index_cache.h"
 
 namespace flowstate::cli {
