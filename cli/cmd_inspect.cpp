@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "cli/spine_state.h"
+#include "config/inspect.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "serialization/checkpoint.h"
@@ -62,7 +62,8 @@ int cmd_inspect(std::span<const std::string> argv) {
   const CheckpointFound found = open_checkpoint(args.positional()[0]);
   const std::string state_file = (std::filesystem::path(found.path) / "state.bin").string();
   const PipelineState s = PipelineState::decode(found.state, state_file);
-  const nlohmann::ordered_json nodes = describe_spine_state(s.spine, s.canonical, state_file);
+  const nlohmann::ordered_json nodes =
+      nlohmann::ordered_json::parse(describe_node_states(s.spine, s.canonical, state_file));
 
   nlohmann::ordered_json j;
   j["path"] = found.path;
@@ -112,6 +113,10 @@ int cmd_inspect(std::span<const std::string> argv) {
       for (const auto& [k, v] : n["state"].items())
         fields += (fields.empty() ? "" : ", ") + k + " " + render_value(v);
       out += fields + "\n";
+    } else if (n.contains("unknown_type")) {
+      out += "not decoded: no node type '" + n["type"].get<std::string>() +
+             "' is registered (load its plugin with --plugin); " +
+             std::to_string(n["state_bytes"].get<std::size_t>()) + " bytes\n";
     } else {
       out += "not decoded (" + std::to_string(n["undecoded_bytes"].get<std::size_t>()) +
              " bytes of node states from here on)\n";

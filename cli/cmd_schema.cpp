@@ -1,17 +1,17 @@
 // `flowstate schema`: the registered node types and map transforms with their parameters —
 // documentation derived from the same schemas the YAML loader validates against.
 #include "cli/command.h"
-#include "graph/registry.h"
-#include "graph/transforms.h"
+#include "config/registry.h"
+#include "config/transforms.h"
 
 namespace flowstate::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: flowstate schema [NAME]\n\n"
+    "usage: flowstate schema [NAME]   (flowstate --plugin PATH.so schema: with a plugin)\n\n"
     "Lists the top-level keys, every node type and every map transform with its\n"
     "parameters (type, default, range, whether it is free). With NAME, only that node type\n"
-    "or transform.\n";
+    "or transform. Nodes a plugin added (--plugin) are marked with the plugin's path.\n";
 
 }  // namespace
 
@@ -23,8 +23,8 @@ int cmd_schema(std::span<const std::string> argv) {
   }
   if (args.positional().size() > 1) throw UsageError("expected at most one name");
   const std::string only = args.positional().empty() ? "" : args.positional()[0];
-  const Registry& nodes = Registry::builtin();
-  const TransformRegistry& transforms = TransformRegistry::builtin();
+  const Registry& nodes = Registry::global();  // the built-ins and every loaded plugin's
+  const TransformRegistry& transforms = TransformRegistry::global();
   std::string out;
   bool found = false;
   if (only.empty()) {
@@ -34,9 +34,11 @@ int cmd_schema(std::span<const std::string> argv) {
   }
   for (const auto& n : nodes.nodes()) {
     if (!only.empty() && n.type != only) continue;
+    if (!n.add && only.empty()) continue;  // made in C++ only (from_range): not for YAML
     found = true;
-    out += n.type + (n.source ? " (a source: `source: {type: " + n.type + ", ...}`)" : "") + ": " +
-           n.doc + "\n" + describe_params(n.params, "  ") + "\n";
+    out += n.type + (n.source ? " (a source: `source: {type: " + n.type + ", ...}`)" : "") +
+           (n.origin.empty() ? "" : " [plugin " + n.origin + "]") + ": " + n.doc + "\n" +
+           describe_params(n.params, "  ") + "\n";
   }
   for (const auto& t : transforms.transforms()) {
     if (!only.empty() && t.name != only) continue;

@@ -113,7 +113,8 @@ PipelineConfig load_pipeline_on_host(const std::string& path, std::vector<std::s
   if (!cuda_compiled()) return config;  // device_copy hands out host memory anyway
   const auto& nodes = config.pipeline.nodes();
   for (std::size_t i = 1; i < nodes.size(); ++i) {
-    if (nodes[i].kind != NodeSpec::Kind::kDeviceCopy || nodes[i].device.device == "cpu") continue;
+    const auto* copy = nodes[i].options_as<DeviceCopyOptions>();
+    if (copy == nullptr || copy->device == "cpu") continue;
     // nodes()[0] is the source; YAML's nodes[] starts after it.
     sets.push_back("nodes[" + std::to_string(i - 1) + "].device_copy.device=cpu");
     if (moved != nullptr) *moved = true;

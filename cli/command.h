@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "graph/yaml.h"
+#include "config/yaml.h"
 
 namespace flowstate::cli {
 

@@ -1,5 +1,5 @@
-// The `flowstate` command: `flowstate COMMAND [ARGS...]`. Each command lives in
-// cli/cmd_NAME.cpp and defines `int flowstate::cli::cmd_NAME(std::span<const std::string>)`.
+// The `flowstate` command: `flowstate [--plugin PATH.so]... COMMAND [ARGS...]`. Each command lives
+// in cli/cmd_NAME.cpp and defines `int flowstate::cli::cmd_NAME(std::span<const std::string>)`.
 // Errors are exceptions up to here, where they become `flowstate: error: ...` on stderr and an
 // exit status: 2 usage or configuration, 3 data, 4 checkpoint, 1 anything else.
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "config/plugins.h"
 #include "core/error.h"
 
 // The command table: adding a command is one line here (plus its cli/cmd_NAME.cpp, which
@@ -53,7 +54,10 @@ constexpr Command kCommands[] = {FLOWSTATE_CLI_COMMANDS(FLOWSTATE_ENTRY)};
 
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: flowstate COMMAND [ARGS...]   (flowstate COMMAND --help for details)\n\n"
+               "usage: flowstate [--plugin PATH.so]... COMMAND [ARGS...]   (flowstate COMMAND "
+               "--help for details)\n\n"
+               "  --plugin PATH.so   load a plugin library that adds node types and map\n"
+               "                     transforms (repeatable; a YAML's `plugins:` does the same)\n\n"
                "commands:\n");
   for (const auto& c : kCommands)
     std::fprintf(out, "  %-10.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
@@ -73,6 +77,26 @@ int fail(int status, const std::string& message) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // Options of the command itself come before the command's name.
+  std::size_t first = 0;
+  while (first < args.size() &&
+         (args[first] == "--plugin" || args[first].rfind("--plugin=", 0) == 0)) {
+    std::string path;
+    if (args[first] == "--plugin") {
+      if (first + 1 >= args.size()) return fail(kExitUsage, "--plugin needs a library path");
+      path = args[first + 1];
+      first += 2;
+    } else {
+      path = args[first].substr(9);
+      first += 1;
+    }
+    try {
+      load_plugin(path);
+    } catch (const ConfigError& e) {
+      return fail(kExitUsage, e.what());
+    }
+  }
+  args.erase(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(first));
   if (args.empty()) {
     usage(stderr);
     return kExitUsage;

@@ -31,17 +31,73 @@ void load_bounded(InArchive& ar, std::string& s) {
   ar(cereal::binary_data(s.data(), s.size()));
 }
 
+namespace {
+/// First word of a stamp of the entry format. A stamp of the first format starts with its
+/// node count, which is never this large.
+constexpr std::uint32_t kStampEntries = 0x46535432;  // "FST2"
+}  // namespace
+
+namespace {
+
+void put_bytes(OutArchive& ar, std::string_view s) {
+  ar(static_cast<std::uint32_t>(s.size()));
+  ar(cereal::binary_data(s.data(), s.size()));
+}
+
+void get_bytes(InArchive& ar, std::string& s) {
+  std::uint32_t n = 0;
+  ar(n);
+  if (n > read_limit)
+    throw std::length_error("a length field says " + std::to_string(n) +
+                            " but the input holds only " + std::to_string(read_limit) + " bytes");
+  s.resize(n);
+  ar(cereal::binary_data(s.data(), s.size()));
+}
+
+}  // namespace
+
+void save_entries(OutArchive& ar, const StampData& stamp) {
+  ar(static_cast<std::uint32_t>(stamp.snapshots.size()));
+  for (std::size_t i = 0; i < stamp.snapshots.size(); ++i) {
+    std::ostringstream node(std::ios::binary);
+    {
+      OutArchive nar(node);
+      stamp.snapshots[i]->save(nar);
+    }
+    put_bytes(ar, stamp.node_names[i]);
+    put_bytes(ar, std::move(node).str());
+  }
+}
+
+std::vector<StampEntry> load_entries(InArchive& ar) {
+  std::uint32_t count = 0;
+  ar(count);
+  if (count > read_limit) throw std::length_error("the stamp's node count exceeds its size");
+  std::vector<StampEntry> out(count);
+  for (auto& e : out) {
+    get_bytes(ar, e.name);
+    get_bytes(ar, e.bytes);
+  }
+  return out;
+}
+
 std::string serialize_stamp(const StampData& stamp) {
   std::ostringstream os(std::ios::binary);
   {
     OutArchive ar(os);
-    ar(static_cast<std::uint32_t>(stamp.snapshots.size()));
-    for (std::size_t i = 0; i < stamp.snapshots.size(); ++i) {
-      ar(stamp.node_names[i]);
-      stamp.snapshots[i]->save(ar);
-    }
+    ar(kStampEntries);
+    save_entries(ar, stamp);
   }
   return std::move(os).str();
+}
+
+std::optional<std::vector<StampEntry>> parse_stamp(std::string_view bytes) {
+  std::istringstream is{std::string(bytes), std::ios::binary};
+  InArchive ar(is);
+  std::uint32_t marker = 0;
+  ar(marker);
+  if (marker != kStampEntries) return std::nullopt;
+  return load_entries(ar);
 }
 
 void require_state_version(std::string_view type, std::uint32_t version, std::uint32_t supported,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,7 +74,29 @@ class StateReadLimit {
   std::uint64_t previous_;
 };
 
-/// Serializes a stamp: per node, its name then its state.
+/// Serializes a stamp: a marker, the node count, then per node an entry of its name and its
+/// state as length-prefixed bytes — each state an archive of its own, carrying its struct's
+/// version, so a reader that does not know a node type (the pipeline's description names
+/// it) can still skip, show or check its entry.
 std::string serialize_stamp(const StampData& stamp);
+
+/// One node's entry in a serialized stamp.
+struct StampEntry {
+  std::string name;
+  std::string bytes;  ///< the node's state: a portable-binary archive of its own
+};
+
+/// Writes the entries of `stamp` — the node count, then each node's name and state bytes —
+/// to `ar`: a serialized stamp is a marker and these; a node holding other nodes (a mix's
+/// inputs) nests them the same way in its own state.
+void save_entries(OutArchive& ar, const StampData& stamp);
+/// Reads what save_entries wrote; throws std::exception on truncated or corrupt bytes.
+std::vector<StampEntry> load_entries(InArchive& ar);
+
+/// The entries of a stamp written by serialize_stamp; nullopt for a stamp of the first
+/// format (flowstate before the node API: the node count, then each node's name and state
+/// in one shared archive), which only the nodes themselves can read, in order. Throws
+/// std::exception on truncated or corrupt bytes (bounded by the read limit).
+std::optional<std::vector<StampEntry>> parse_stamp(std::string_view bytes);
 
 }  // namespace flowstate

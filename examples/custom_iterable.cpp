@@ -29,8 +29,8 @@
 
 #include "core/error.h"
 #include "graph/accumulate.h"
-#include "graph/from_range.h"
 #include "graph/loader.h"
+#include "nodes/sources/iterable.h"
 
 namespace fs = std::filesystem;
 using namespace flowstate;

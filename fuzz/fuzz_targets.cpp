@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "config/yaml.h"
 #include "core/error.h"
 #include "graph/loader.h"
-#include "graph/yaml.h"
 
 namespace flowstate::fuzz {
 

@@ -100,11 +100,9 @@ int assembly_workers(const Pipeline& p, const LoaderOptions& o) {
   return w;
 }
 
-std::size_t prefetch_depth(const Pipeline& p, const LoaderOptions& o) {
+std::size_t prefetch_depth(const Spine& spine, const LoaderOptions& o) {
   if (o.prefetch) return std::max<std::size_t>(1, *o.prefetch);
-  for (const auto& n : p.nodes())
-    if (n.kind == NodeSpec::Kind::kPrefetch) return n.prefetch.depth;
-  return 2;
+  return spine.sink().prefetch.value_or(2);
 }
 
 }  // namespace
@@ -115,23 +113,17 @@ class Loader::Runtime {
   Runtime(const Pipeline& pipeline, const LoaderOptions& options)
       : spine_(pipeline, options.epochs),
         workers_(assembly_workers(pipeline, options)),
-        depth_(prefetch_depth(pipeline, options)),
+        depth_(prefetch_depth(spine_, options)),
         // Enough TBB threads for the workers plus the serial input and output nodes, also on
         // small machines where the default pool would starve the graph.
         lease_(static_cast<std::size_t>(workers_) + 2),
         arena_(workers_ + 1, 0) {
-    std::vector<BatchStage> batch_stages;
-    const auto& specs = pipeline.nodes();
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      const auto& n = specs[i];
-      std::uint64_t key = hash_combine(pipeline.seed(), i);
-      if (n.kind == NodeSpec::Kind::kBatchMap) batch_stages.push_back({n.name, key, n.batch_fn});
-      if (n.kind == NodeSpec::Kind::kDeviceCopy) device_ = std::make_unique<DeviceCopy>(n.device);
-    }
+    const SinkConfig& sink = spine_.sink();
+    if (sink.device) device_ = std::make_unique<DeviceCopy>(*sink.device);
     auto pool = device_ ? device_->staging_pool() : BufferPool::host();
     assembler_ = std::make_unique<BatchAssembler>(
         spine_.store(), spine_.source_name(), spine_.planner().options(), spine_.sample_stages(),
-        std::move(batch_stages), std::move(pool));
+        sink.batch_stages, std::move(pool));
   }
 
   ~Runtime() { stop(); }

@@ -32,31 +32,6 @@ std::string Pipeline::describe() const {
   return s;
 }
 
-Pipeline::Builder& Pipeline::Builder::seed(std::uint64_t seed) {
-  p_.seed_ = seed;
-  return *this;
-}
-
-Pipeline::Builder& Pipeline::Builder::workers(int workers) {
-  if (workers < 1) throw ConfigError("workers", "workers must be at least 1");
-  p_.workers_ = workers;
-  return *this;
-}
-
-NodeSpec& Pipeline::Builder::add(NodeSpec::Kind kind, NodeDescription description,
-                                 std::string base) {
-  if (base.empty()) base = description.type;
-  auto taken = [&](const std::string& name) {
-    for (const auto& n : p_.nodes_)
-      if (n.name == name) return true;
-    return false;
-  };
-  std::string name = base;
-  for (int k = 2; taken(name); ++k) name = base + "#" + std::to_string(k);
-  p_.nodes_.push_back(NodeSpec{kind, std::move(name), std::move(description)});
-  return p_.nodes_.back();
-}
-
 namespace {
 
 /// Writes each warning to stderr once per process: a job that rebuilds its pipeline (every
@@ -71,157 +46,98 @@ void say_warnings(const std::vector<std::string>& warnings) {
 
 }  // namespace
 
-Pipeline::Builder& Pipeline::Builder::records(RecordsOptions options) {
-  NodeDescription d = options.describe();
-  return source(std::move(d), source_factory<RecordsSource>(std::move(options)));
+Pipeline::Builder& Pipeline::Builder::seed(std::uint64_t seed) {
+  p_.seed_ = seed;
+  return *this;
 }
 
-Pipeline::Builder& Pipeline::Builder::lines(LinesOptions options) {
-  NodeDescription d = options.describe();
-  return source(std::move(d), source_factory<LinesSource>(std::move(options)));
+Pipeline::Builder& Pipeline::Builder::workers(int workers) {
+  if (workers < 1) throw ConfigError("workers", "workers must be at least 1");
+  p_.workers_ = workers;
+  return *this;
 }
 
-Pipeline::Builder& Pipeline::Builder::tar(TarOptions options) {
-  NodeDescription d = options.describe();
-  return source(std::move(d), source_factory<TarSource>(std::move(options)));
+std::string Pipeline::Builder::unique_name(const std::string& base) {
+  std::string name = base;
+  if (taken_.count(name) != 0) {
+    int& k = next_suffix_.try_emplace(base, 2).first->second;
+    do {
+      name = base + "#" + std::to_string(k++);
+    } while (taken_.count(name) != 0);
+  }
+  taken_.insert(name);
+  return name;
+}
+
+Pipeline::Builder& Pipeline::Builder::add(const NodeDef& def, std::any options,
+                                          std::vector<Pipeline> inputs) {
+  if (def.resolve) options = def.resolve(options);
+  NodeSpec n;
+  n.name = unique_name(def.base_name ? def.base_name(options) : def.type);
+  if (def.validate) def.validate(options, n.name);
+  n.def = &def;
+  n.description = def.describe(options);
+  if (def.workers) n.workers = def.workers(options);
+  if (!inputs.empty()) n.inputs = std::make_shared<const std::vector<Pipeline>>(std::move(inputs));
+  n.options = std::make_shared<const std::any>(std::move(options));
+  p_.nodes_.push_back(std::move(n));
+  return *this;
 }
 
 Pipeline::Builder& Pipeline::Builder::source(NodeDescription description, SourceFactory factory) {
-  add(NodeSpec::Kind::kSource, std::move(description)).make_source = std::move(factory);
-  return *this;
+  return source(SourceSpec{.description = std::move(description), .factory = std::move(factory)});
 }
 
 Pipeline::Builder& Pipeline::Builder::source(SourceSpec spec) {
-  NodeSpec& n = add(NodeSpec::Kind::kSource, std::move(spec.description));
-  n.make_source = std::move(spec.factory);
-  n.user_collate = std::move(spec.user_collate);
-  for (auto& w : spec.warnings) p_.warnings_.push_back(n.name + ": " + std::move(w));
-  return *this;
-}
-
-Pipeline::Builder& Pipeline::Builder::shard(ShardOptions options) {
-  ShardOptions r = options.resolved();  // validates now, with the environment of the builder
-  return spine(r.describe(), [r](const std::string& name, std::uint64_t) {
-    return std::make_unique<ShardNode>(name, r);
-  });
-}
-
-Pipeline::Builder& Pipeline::Builder::shuffle(ShuffleOptions options) {
-  if (options.mode == ShuffleMode::kBuffer && options.size == 0)
-    throw ConfigError("shuffle.size", "buffer size must be greater than zero");
-  return spine(options.describe(),
-               [options](const std::string& name, std::uint64_t key) -> std::unique_ptr<SpineNode> {
-                 std::uint64_t k = hash_combine(key, options.seed);
-                 if (options.mode == ShuffleMode::kGlobal)
-                   return std::make_unique<GlobalShuffleNode>(name, k);
-                 return std::make_unique<BufferShuffleNode>(name, k, options.size);
-               });
-}
-
-Pipeline::Builder& Pipeline::Builder::spine(NodeDescription description, SpineFactory factory) {
-  add(NodeSpec::Kind::kSpine, std::move(description)).make_spine = std::move(factory);
-  return *this;
-}
-
-Pipeline::Builder& Pipeline::Builder::map(SampleFn fn, MapOptions options) {
-  if (!fn) throw ConfigError("map", "map needs a function");
-  if (options.workers && *options.workers < 1)
-    throw ConfigError("map.workers", "workers must be at least 1");
-  NodeSpec& n = add(NodeSpec::Kind::kSampleMap, options.describe(), options.name);
-  n.sample_fn = std::move(fn);
-  n.workers = options.workers;
+  std::vector<std::string> warnings = std::move(spec.warnings);
+  spec.warnings.clear();
+  add(source_node(), std::move(spec));
+  for (auto& w : warnings) p_.warnings_.push_back(p_.nodes_.back().name + ": " + std::move(w));
   return *this;
 }
 
 Pipeline::Builder& Pipeline::Builder::mix(std::vector<Pipeline> inputs, MixOptions options) {
-  std::vector<std::string> described;
+  options.inputs.clear();
   for (const auto& in : inputs) {
     std::string d;
     for (const auto& [k, v] : in.canonical()) d += (d.empty() ? "" : "; ") + k + "=" + v;
-    described.push_back("{" + d + "}");
+    options.inputs.push_back("{" + d + "}");
   }
-  NodeSpec& n = add(NodeSpec::Kind::kMix, options.describe(described));
-  options.validate(inputs.size(), n.name);
-  n.mix = std::move(options);
-  n.mix_inputs = std::make_shared<const std::vector<Pipeline>>(std::move(inputs));
-  return *this;
+  return add(mix_node(), std::move(options), std::move(inputs));
 }
 
-Pipeline::Builder& Pipeline::Builder::filter(FilterFn fn, FilterOptions options) {
-  if (!fn) throw ConfigError("filter", "filter needs a predicate");
-  add(NodeSpec::Kind::kFilter, options.describe(), options.name).filter_fn = std::move(fn);
-  return *this;
-}
-
-Pipeline::Builder& Pipeline::Builder::pack(PackOptions options) {
-  if (options.length == 0)
-    throw ConfigError("pack.length", "pack length must be greater than zero");
-  if (options.field.empty()) throw ConfigError("pack.field", "pack needs a token field");
-  add(NodeSpec::Kind::kPack, options.describe()).pack = std::move(options);
-  return *this;
+Pipeline::Builder& Pipeline::Builder::map(SampleFn fn, MapOptions options) {
+  options.fn = std::move(fn);
+  options.batch_fn = nullptr;
+  return add(map_node(), std::move(options));
 }
 
 Pipeline::Builder& Pipeline::Builder::map_batch(BatchFn fn, MapOptions options) {
-  if (!fn) throw ConfigError("map", "map needs a function");
-  if (options.workers && *options.workers < 1)
-    throw ConfigError("map.workers", "workers must be at least 1");
-  NodeSpec& n = add(NodeSpec::Kind::kBatchMap, options.describe(), options.name);
-  n.batch_fn = std::move(fn);
-  n.workers = options.workers;
-  return *this;
+  options.batch_fn = std::move(fn);
+  options.fn = nullptr;
+  return add(batch_map_node(), std::move(options));
 }
 
-Pipeline::Builder& Pipeline::Builder::batch(BatchOptions options) {
-  if (options.size == 0) throw ConfigError("batch.size", "batch size must be greater than zero");
-  add(NodeSpec::Kind::kBatch, options.describe()).batch = options;
-  return *this;
-}
-
-Pipeline::Builder& Pipeline::Builder::prefetch(PrefetchOptions options) {
-  if (options.depth == 0) throw ConfigError("prefetch.depth", "prefetch depth must be at least 1");
-  add(NodeSpec::Kind::kPrefetch, options.describe()).prefetch = options;
-  return *this;
-}
-
-Pipeline::Builder& Pipeline::Builder::device_copy(DeviceCopyOptions options) {
-  add(NodeSpec::Kind::kDeviceCopy, options.describe()).device = options;
-  return *this;
+Pipeline::Builder& Pipeline::Builder::filter(FilterFn fn, FilterOptions options) {
+  options.fn = std::move(fn);
+  return add(filter_node(), std::move(options));
 }
 
 void Pipeline::Builder::check_order() const {
-  using K = NodeSpec::Kind;
   const auto& nodes = p_.nodes_;
-  if (nodes.empty() || (nodes.front().kind != K::kSource && nodes.front().kind != K::kMix))
+  if (nodes.empty() || nodes.front().phase() != Phase::kSource)
     throw ConfigError("source", "a pipeline starts with a source");
-  // Phases must appear in order: source, spine, sample maps / filters / pack, batch, batch
-  // maps / prefetch / device_copy.
-  auto phase = [](K k) {
-    switch (k) {
-      case K::kSource:
-      case K::kMix:
-        return 0;
-      case K::kSpine:
-        return 1;
-      case K::kSampleMap:
-      case K::kFilter:
-      case K::kPack:
-        return 2;
-      case K::kBatch:
-        return 3;
-      default:
-        return 4;
-    }
-  };
-  int sources = 0, last = 0;
+  int sources = 0;
+  Phase last = Phase::kSource;
   for (const auto& n : nodes) {
-    sources += n.kind == K::kSource || n.kind == K::kMix;
-    int ph = phase(n.kind);
+    const Phase ph = n.phase();
+    sources += ph == Phase::kSource;
     if (ph < last) {
-      std::string why = n.kind == K::kSpine
+      std::string why = ph == Phase::kSpine
                             ? "must come before any map, filter or pack and before batch"
-                        : ph == 2 ? "must come before batch"
-                                  : "is out of order";
-      if (n.kind == K::kSource || n.kind == K::kMix) why = "(a source) must come first";
+                        : ph == Phase::kPerSample ? "must come before batch"
+                        : ph == Phase::kSource    ? "(a source) must come first"
+                                                  : "is out of order";
       throw ConfigError(n.name, "'" + n.name + "' " + why);
     }
     last = ph;
@@ -230,28 +146,28 @@ void Pipeline::Builder::check_order() const {
 }
 
 Pipeline Pipeline::Builder::build() const {
-  using K = NodeSpec::Kind;
   check_order();
   const auto& nodes = p_.nodes_;
   int batches = 0, copies = 0;
   for (const auto& n : nodes) {
-    batches += n.kind == K::kBatch;
-    copies += n.kind == K::kDeviceCopy;
+    batches += n.phase() == Phase::kBatch;
+    copies += n.def == &device_copy_node();
   }
   if (batches != 1) throw ConfigError("batch", "a pipeline needs exactly one batch node");
   if (copies > 1) throw ConfigError("device_copy", "at most one device_copy");
-  if (copies == 1 && nodes.back().kind != K::kDeviceCopy)
+  if (copies == 1 && nodes.back().def != &device_copy_node())
     throw ConfigError("device_copy", "device_copy must be the last node");
   say_warnings(p_.warnings_);
   return p_;
 }
 
 Pipeline Pipeline::Builder::build_input() const {
-  using K = NodeSpec::Kind;
   check_order();
   for (const auto& n : p_.nodes_) {
-    if (n.kind == K::kSource || n.kind == K::kSpine || n.kind == K::kSampleMap ||
-        n.kind == K::kFilter)
+    // An input's Refs reach the mix as its own: no node may replace them (pack, mix).
+    const bool keeps_refs = n.def != &pack_node() && n.def != &mix_node();
+    if ((n.phase() == Phase::kSource && n.def != &mix_node()) || (n.phase() == Phase::kSpine) ||
+        (n.phase() == Phase::kPerSample && keeps_refs))
       continue;
     throw ConfigError(n.name, "'" + n.name +
                                   "' cannot be part of a mix input: an input is a source with "

@@ -1,33 +1,39 @@
-// Pipeline: an immutable description of a dataflow graph — a source (records, lines, tar, a
-// C++ range via from_range, or a mix of input pipelines), then spine nodes (shard, shuffle),
-// sample maps, filters and pack, `batch`, batch maps, `prefetch` and `device_copy` — built
-// with a fluent builder and run by a Loader. The same Pipeline can start any number of
-// Loaders.
+// Pipeline: an immutable description of a dataflow graph — a list of (node name, definition,
+// options): a source (records, lines, tar, a C++ range via from_range, a mix of input
+// pipelines, or a node of your own), then nodes in phase order (nodes/definition.h: spine,
+// per-sample, batch, per-batch) — built with a fluent builder and run by a Loader. The same
+// Pipeline can start any number of Loaders.
 //
 //   Pipeline p = Pipeline::Builder()
 //                    .seed(1234)
 //                    .records({.paths = {"data/train-*.bin"}, .record_bytes = 1024})
 //                    .shard({})
 //                    .shuffle({.mode = ShuffleMode::kBuffer, .size = 16384})
+//                    .add(take_node(), TakeOptions{.count = 5000})   // any node, also a user's
 //                    .batch({.size = 256})
 //                    .prefetch({.depth = 4})
 //                    .build();
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "nodes/batch.h"
+#include "nodes/definition.h"
 #include "nodes/device_copy.h"
 #include "nodes/filter.h"
 #include "nodes/map.h"
 #include "nodes/mix.h"
 #include "nodes/node.h"
 #include "nodes/pack.h"
+#include "nodes/prefetch.h"
 #include "nodes/shard.h"
 #include "nodes/shuffle.h"
 #include "nodes/sources/lines.h"
@@ -37,70 +43,24 @@
 
 namespace flowstate {
 
-/// What a source factory returns: the spine node, which is also the RecordStore.
-struct SourceParts {
-  std::unique_ptr<SpineNode> node;
-  const RecordStore* store = nullptr;  ///< points into `node`
-};
-/// Creates a source's spine node; `source_id` goes into its Refs.
-using SourceFactory = std::function<SourceParts(const std::string& name, std::uint32_t source_id)>;
-/// The factory of a source class constructed as Source(name, options, source_id) that is
-/// also its RecordStore (records, lines, tar).
-template <class Source, class Options>
-SourceFactory source_factory(Options options) {
-  return [options = std::move(options)](const std::string& name, std::uint32_t source_id) {
-    auto node = std::make_unique<Source>(name, options, source_id);
-    const RecordStore* store = node.get();
-    return SourceParts{std::move(node), store};
-  };
-}
-
-/// A complete source description, as from_range() returns it.
-struct SourceSpec {
-  NodeDescription description;
-  SourceFactory factory;
-  /// Collates the source's user values (unset for tensor sources); the batch node uses it
-  /// unless its options name another.
-  UserCollateFn user_collate;
-  /// Said once when the pipeline is built (e.g. "resumes by replaying from the epoch start").
-  std::vector<std::string> warnings;
-};
-/// Creates a spine node; `key` is the node's random key (seed, position, options).
-using SpineFactory =
-    std::function<std::unique_ptr<SpineNode>(const std::string& name, std::uint64_t key)>;
-
 class Pipeline;
 
-/// One node of a pipeline description.
+/// One node of a pipeline description: its unique name, its definition and its options.
 struct NodeSpec {
-  enum class Kind : std::uint8_t {
-    kSource,
-    kMix,  ///< a source made of other pipelines
-    kSpine,
-    kSampleMap,
-    kFilter,
-    kPack,
-    kBatch,
-    kBatchMap,
-    kPrefetch,
-    kDeviceCopy
-  };
-  Kind kind;
   std::string name;  ///< unique in the pipeline ("shuffle", "map", "map#2")
-  NodeDescription description;
-  SourceFactory make_source;
-  UserCollateFn user_collate;  ///< kSource: the source's collate for user values
-  SpineFactory make_spine;
-  SampleFn sample_fn;
-  BatchFn batch_fn;
-  FilterFn filter_fn;
-  PackOptions pack;
-  MixOptions mix;
-  std::shared_ptr<const std::vector<Pipeline>> mix_inputs;
-  std::optional<int> workers;
-  BatchOptions batch;
-  PrefetchOptions prefetch;
-  DeviceCopyOptions device;
+  const NodeDef* def = nullptr;
+  std::shared_ptr<const std::any> options;  ///< of the definition's options type
+  NodeDescription description;              ///< def->describe(options)
+  std::optional<int> workers;               ///< the node's own worker count (a map's)
+  /// Input pipelines (a mix's), instantiated by the node's build through BuildContext.
+  std::shared_ptr<const std::vector<Pipeline>> inputs;
+
+  Phase phase() const { return def->phase; }
+  /// The options as `O`, or null when they are of another type.
+  template <class O>
+  const O* options_as() const {
+    return std::any_cast<O>(options.get());
+  }
 };
 
 /// An immutable, validated pipeline description.
@@ -128,27 +88,32 @@ class Pipeline {
   std::vector<std::string> warnings_;
 };
 
-/// Builds a Pipeline. Nodes are added in data-flow order; build() checks the order.
+/// Builds a Pipeline. Nodes are added in data-flow order; build() checks the order. Every
+/// add validates the node's options (the same checks YAML runs) and throws ConfigError keyed
+/// "<node>.<option>".
 class Pipeline::Builder {
  public:
   /// The pipeline seed: shuffles and map generators derive from it.
   Builder& seed(std::uint64_t seed);
   /// Default parallel workers for reading, mapping and collating batches (>= 1). Free.
   Builder& workers(int workers);
+
+  /// Adds any node: its definition and options of the definition's type. `inputs` are the
+  /// node's input pipelines (a mix's). The open node API: a user's own node goes in here.
+  Builder& add(const NodeDef& def, std::any options, std::vector<Pipeline> inputs = {});
+
   /// The `records` source.
-  Builder& records(RecordsOptions options);
+  Builder& records(RecordsOptions options) { return add(records_node(), std::move(options)); }
   /// The `lines` source (text and JSON Lines).
-  Builder& lines(LinesOptions options);
+  Builder& lines(LinesOptions options) { return add(lines_node(), std::move(options)); }
   /// The `tar` source (WebDataset-style shards).
-  Builder& tar(TarOptions options);
+  Builder& tar(TarOptions options) { return add(tar_node(), std::move(options)); }
   /// Any source: `description` names its type and parameters for the fingerprint.
   Builder& source(NodeDescription description, SourceFactory factory);
   /// A source with its collate and warnings (see from_range()).
   Builder& source(SourceSpec spec);
-  Builder& shard(ShardOptions options = {});
-  Builder& shuffle(ShuffleOptions options = {});
-  /// A custom spine node.
-  Builder& spine(NodeDescription description, SpineFactory factory);
+  Builder& shard(ShardOptions options = {}) { return add(shard_node(), options); }
+  Builder& shuffle(ShuffleOptions options = {}) { return add(shuffle_node(), options); }
   /// A source that samples from several input pipelines (built with build_input()).
   Builder& mix(std::vector<Pipeline> inputs, MixOptions options);
   /// A per-sample map (before batch).
@@ -156,24 +121,31 @@ class Pipeline::Builder {
   /// Drops the samples `fn` rejects (before batch; may follow maps).
   Builder& filter(FilterFn fn, FilterOptions options = {});
   /// Packs token sequences into fixed-length rows (before batch; may follow maps and filters).
-  Builder& pack(PackOptions options);
+  Builder& pack(PackOptions options) { return add(pack_node(), std::move(options)); }
   /// A per-batch map (after batch).
   Builder& map_batch(BatchFn fn, MapOptions options = {});
-  Builder& batch(BatchOptions options);
-  Builder& prefetch(PrefetchOptions options);
-  Builder& device_copy(DeviceCopyOptions options = {});
+  Builder& batch(BatchOptions options) { return add(batch_node(), std::move(options)); }
+  Builder& prefetch(PrefetchOptions options) { return add(prefetch_node(), options); }
+  Builder& device_copy(DeviceCopyOptions options = {}) {
+    return add(device_copy_node(), std::move(options));
+  }
+  /// The nodes added so far, in order.
+  const std::vector<NodeSpec>& nodes() const { return p_.nodes_; }
   /// Validates and returns the pipeline. Throws ConfigError naming the offending node.
   Pipeline build() const;
-  /// Validates and returns an input of a mix: a source followed by shard, shuffle, filter and
-  /// per-sample maps only (no batch, pack or mix).
+  /// Validates and returns an input of a mix: a source followed by shard, shuffle, filter,
+  /// per-sample maps and other per-sample nodes that keep their input's Refs (no batch, pack
+  /// or mix).
   Pipeline build_input() const;
 
  private:
   /// Checks the order of the nodes (shared by build and build_input).
   void check_order() const;
-  /// Appends a node named `base` (default: its type), made unique with a "#k" suffix.
-  NodeSpec& add(NodeSpec::Kind kind, NodeDescription description, std::string base = {});
+  /// `base` made unique with a "#k" suffix; linear in the number of nodes overall.
+  std::string unique_name(const std::string& base);
   Pipeline p_;
+  std::set<std::string> taken_;
+  std::unordered_map<std::string, int> next_suffix_;
 };
 
 }  // namespace flowstate

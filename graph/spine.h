@@ -1,6 +1,7 @@
-// Spine: the instantiated stateful chain of a pipeline (source or mix → shard → shuffle →
-// filter / pack → batch planner). It runs serially and stamps each planned batch with the
-// snapshots of every node.
+// Spine: the instantiated stateful chain of a pipeline (a source or mix → shard → shuffle →
+// filter / pack / user nodes → batch planner), built by calling every node definition's build
+// with a BuildContext. It runs serially and stamps each planned batch with the snapshots of
+// every node.
 //
 // Filters and pack read samples in the spine through a SampleReader: the current store (the
 // source's, or a pack's rows) with the per-sample maps seen since that store. The batch
@@ -16,10 +17,20 @@
 
 namespace flowstate {
 
+/// What the nodes from `batch` on configure: the runtime reads it when it wires the graph.
+struct SinkConfig {
+  BatchOptions batch;
+  std::string batch_name;
+  UserCollateFn user_collate;  ///< the source's, used when `batch` names none
+  std::vector<BatchStage> batch_stages;
+  std::optional<std::size_t> prefetch;
+  std::optional<DeviceCopyOptions> device;
+};
+
 /// The stateful spine of one running pipeline. Not thread-safe.
 class Spine {
  public:
-  /// Instantiates the pipeline's source and spine nodes (opening the data) and the planner.
+  /// Instantiates the pipeline's nodes (opening the data) and the planner.
   Spine(const Pipeline& pipeline, std::uint64_t epochs);
 
   /// The next scheduled batch, stamped; nullopt after the last epoch.
@@ -36,26 +47,24 @@ class Spine {
   const std::string& source_name() const { return chain_.store_name; }
   /// The per-sample maps the assembler applies (those after the last store).
   const std::vector<SampleStage>& sample_stages() const { return chain_.stages; }
+  /// Batch maps, prefetch depth and device, as the pipeline's nodes set them.
+  const SinkConfig& sink() const { return sink_; }
   BatchPlanner& planner() { return *planner_; }
 
-  /// An instantiated stretch of a pipeline: nodes, and what reads their Refs.
-  struct Chain {
-    std::vector<std::unique_ptr<SpineNode>> nodes;  ///< connected, in order
-    std::vector<std::unique_ptr<SampleReader>> readers;
-    const RecordStore* store = nullptr;
-    std::string store_name;
-    std::vector<SampleStage> stages;  ///< maps since `store`
-  };
-  /// Instantiates `pipeline`'s nodes up to (not including) its batch node; Refs of its
-  /// source carry `source_id`.
-  static Chain build_chain(const Pipeline& pipeline, std::uint32_t source_id);
+  /// Instantiates `pipeline`'s nodes before its batch node; Refs of its source carry
+  /// `source_id`. `sink` receives what the nodes from batch on configure (null: none may).
+  static Chain build_chain(const Pipeline& pipeline, std::uint32_t source_id, SinkConfig* sink);
 
  private:
   Chain chain_;  ///< source first, planner last
+  SinkConfig sink_;
   BatchPlanner* planner_ = nullptr;
 };
 
 /// The random key of the node at `index` of type `type` in a pipeline seeded with `seed`.
 std::uint64_t node_key(std::uint64_t seed, std::size_t index, std::string_view type);
+
+/// The runtime's parallel loop (oneTBB), handed to nodes through BuildContext.
+const ParallelFor& runtime_parallel_for();
 
 }  // namespace flowstate

@@ -4,33 +4,35 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "nodes/definition.h"
 
 namespace flowstate {
 
-std::string_view collate_mode_name(CollateMode mode) {
-  switch (mode) {
-    case CollateMode::kStack:
-      return "stack";
-    case CollateMode::kPad:
-      return "pad";
-    case CollateMode::kRagged:
-      return "ragged";
-  }
-  return "?";
+std::string_view collate_mode_name(CollateMode mode) { return enum_name(mode); }
+
+void BatchOptions::validate() const {
+  if (collate == CollateMode::kStack && (!fields.empty() || pad_value != 0))
+    throw ConfigError(!fields.empty() ? "fields" : "pad_value",
+                      "fields and pad_value apply to collate: pad or ragged");
 }
 
-NodeDescription BatchOptions::describe() const {
-  NodeDescription d{"batch",
-                    {{"size", std::to_string(size)}, {"drop_last", drop_last ? "true" : "false"}}};
-  // Only non-default collation is described, so fingerprints of existing pipelines hold.
-  if (collate != CollateMode::kStack) {
-    d.params.push_back({"collate", std::string(collate_mode_name(collate))});
-    std::string names;
-    for (const auto& f : fields) names += (names.empty() ? "" : ",") + f;
-    d.params.push_back({"fields", "[" + names + "]"});
-    if (collate == CollateMode::kPad) d.params.push_back({"pad_value", format_double(pad_value)});
-  }
-  return d;
+const NodeDef& batch_node() {
+  static const NodeDef def = define_node<BatchOptions>(
+      {.type = "batch",
+       .phase = Phase::kBatch,
+       .doc = "groups samples into batches, one contiguous [B, ...] tensor per field"},
+      [](BuildContext& ctx, const BatchOptions& o) { ctx.set_batch(o); },
+      [](InArchive& ar, const InspectContext&) {
+        BatchState s;
+        ar(s);
+        return JsonObject()
+            .add("epoch", s.epoch)
+            .add("next_step", s.step)
+            .add("next_index_in_epoch", s.index_in_epoch)
+            .add("epoch_started", s.started)
+            .str();
+      });
+  return def;
 }
 
 bool SkipRanges::contains(std::uint64_t step) const {

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "nodes/node.h"
+#include "nodes/options.h"
 
 namespace flowstate {
 
@@ -27,6 +28,13 @@ enum class CollateMode : std::uint8_t {
   kStack,   ///< [B, ...]: every sample's field has the same dtype and shape
   kPad,     ///< [B, max_len, ...] padded with pad_value, plus "<field>_length" int64 [B]
   kRagged,  ///< values [sum_len, ...] plus "<field>_offsets" int64 [B + 1]
+};
+template <>
+struct EnumNames<CollateMode> {
+  static constexpr std::array<std::pair<CollateMode, const char*>, 3> values{
+      {{CollateMode::kStack, "stack"},
+       {CollateMode::kPad, "pad"},
+       {CollateMode::kRagged, "ragged"}}};
 };
 /// "stack", "pad", "ragged".
 std::string_view collate_mode_name(CollateMode mode);
@@ -47,8 +55,36 @@ struct BatchOptions {
   /// User-value collation; unset: a batch of user values gets a std::vector<UserValue>.
   /// Not part of the description: name it through the source (from_range does).
   UserCollateFn user_collate;
-  NodeDescription describe() const;
+
+  static constexpr auto table() {
+    using O = BatchOptions;
+    // Collation other than stack is described only when chosen, so fingerprints of pipelines
+    // from before padded collation hold.
+    constexpr auto not_stack = [](const O& o) { return o.collate != CollateMode::kStack; };
+    return std::tuple{
+        param("size", &O::size, {.min = 1, .required = true, .doc = "samples per batch"}),
+        param("drop_last", &O::drop_last, {.doc = "drop a short last batch of each epoch"}),
+        param("collate", &O::collate,
+              {.doc = "stack (equal shapes), pad ([B, max_len, ...] + <field>_length) or ragged "
+                      "(values + <field>_offsets)",
+               .describe_if = not_stack}),
+        param("fields", &O::fields,
+              {.doc = "fields that pad / ragged apply to",
+               .default_doc = "every field of rank >= 1",
+               .describe_if = not_stack,
+               .text = [](const O& o) { return "[" + join_list(o.fields) + "]"; }}),
+        param("pad_value", &O::pad_value,
+              {.doc = "pad: the value of padding elements",
+               .describe_if = [](const O& o) { return o.collate == CollateMode::kPad; }}),
+    };
+  }
+  /// fields and pad_value belong to pad and ragged collation.
+  void validate() const;
 };
+
+struct NodeDef;
+/// The `batch` node's definition.
+const NodeDef& batch_node();
 
 /// Inclusive ranges of steps to drop, sorted and disjoint.
 struct SkipRanges {

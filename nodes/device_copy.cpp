@@ -21,10 +21,6 @@ bool is_cuda_index(std::string_view s) {
 
 }  // namespace
 
-NodeDescription DeviceCopyOptions::describe() const {
-  return {"device_copy", {{"device", device, true}}};
-}
-
 bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
 

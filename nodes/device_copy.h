@@ -24,7 +24,9 @@
 
 #include "core/batch.h"
 #include "core/buffer.h"
+#include "core/collate.h"
 #include "nodes/node.h"
+#include "nodes/options.h"
 
 namespace flowstate {
 
@@ -33,8 +35,20 @@ struct DeviceCopyOptions {
   /// "auto" (the first CUDA device, else host), "cpu", or "cuda:N". Free: the bytes a batch
   /// holds are the same wherever they live.
   std::string device = "auto";
-  NodeDescription describe() const;
+
+  static constexpr auto table() {
+    return std::tuple{param("device", &DeviceCopyOptions::device,
+                            {.free = true,
+                             .doc = "auto (the first CUDA device, else host), cpu, or cuda:N",
+                             .check = check_device})};
+  }
+  /// The check of `device`: auto, cpu or cuda:N.
+  static std::string check_device(const ParamValue& value);
 };
+
+struct NodeDef;
+/// The `device_copy` node's definition.
+const NodeDef& device_copy_node();
 
 /// True when this build has CUDA support compiled in.
 bool cuda_compiled();
@@ -73,18 +87,6 @@ class DeviceCopy {
   Device target_;
   std::shared_ptr<BufferPool> staging_;
   std::unique_ptr<Impl> impl_;
-};
-
-/// Customization point: moves a collated user value (Collate<T>::type, see
-/// graph/from_range.h) to `copy.target()`. The default leaves the value where it is (host
-/// memory); Tensor and std::vector<Tensor> move their bytes. Specialize it for a type of
-/// your own that holds tensors; to_device runs on device_copy's thread, on the batch's own
-/// value, for every batch — also on host targets, where DeviceCopy::to_device is a no-op.
-/// Tensors a Collate makes live in pageable host memory, so the driver stages their copy
-/// (the batch's tensor fields are DMA'd straight from the pinned staging pool).
-template <class T>
-struct ToDevice {
-  static void to_device(T& /*value*/, DeviceCopy& /*copy*/) {}
 };
 
 /// A Tensor moves to the target.

@@ -248,10 +248,6 @@ std::shared_ptr<BufferPool> device_pool(int device) {
 
 }  // namespace
 
-NodeDescription DeviceCopyOptions::describe() const {
-  return {"device_copy", {{"device", device, true}}};
-}
-
 bool cuda_compiled() { return true; }
 int cuda_device_count() { return probe().count; }
 

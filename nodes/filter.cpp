@@ -1,10 +1,25 @@
 #include "nodes/filter.h"
 
-#include <oneapi/tbb/parallel_for.h>
-
 #include "core/error.h"
 
 namespace flowstate {
+
+void FilterOptions::validate() const {
+  if (!fn) throw ConfigError("", "filter needs a predicate");
+}
+
+const NodeDef& filter_node() {
+  static const NodeDef def = define_node<FilterOptions>(
+      {.type = "filter",
+       .phase = Phase::kPerSample,
+       .doc = "drops samples a predicate rejects; batches stay full and resume stays exact"},
+      [](BuildContext& ctx, const FilterOptions& o) {
+        ctx.add(std::make_unique<FilterNode>(ctx.name(), o.fn, ctx.key(), ctx.reader(), ctx.store(),
+                                             ctx.parallel_for()));
+      },
+      inspect_fields<FilterState>);
+  return def;
+}
 
 NodeDescription FilterOptions::describe() const {
   NodeDescription d{"filter", {{"fn", name}}};
@@ -13,9 +28,10 @@ NodeDescription FilterOptions::describe() const {
 }
 
 FilterNode::FilterNode(std::string name, FilterFn fn, std::uint64_t key, const SampleReader* reader,
-                       const RecordStore* store)
+                       const RecordStore* store, ParallelFor parallel)
     : StatefulSpineNode(std::move(name)),
       fn_(std::move(fn)),
+      parallel_(std::move(parallel)),
       key_(key),
       reader_(reader),
       store_(store) {
@@ -55,10 +71,10 @@ std::size_t FilterNode::pull(std::span<Ref> out) {
         rethrow_with_node(std::current_exception(), name());
       }
     };
-    if (got < 16) {
+    if (got < 16 || !parallel_) {
       for (std::size_t i = 0; i < got; ++i) decide(i);
     } else {
-      oneapi::tbb::parallel_for(std::size_t{0}, got, decide);
+      parallel_(got, decide);
     }
     dropped_.clear();
     for (std::size_t i = 0; i < got; ++i) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "nodes/batch.h"
+#include "nodes/definition.h"
 #include "nodes/node.h"
 
 namespace flowstate {
@@ -32,8 +33,23 @@ struct FilterOptions {
   std::string name = "filter";
   /// Extra canonical parameters (set by named predicates, e.g. from YAML).
   std::vector<DescribedParam> params;
+  /// The predicate (the builder's filter(fn, options) sets it).
+  FilterFn fn;
+
+  static constexpr auto table() {
+    return std::tuple{param("fn", &FilterOptions::name,
+                            {.doc = "names the predicate in errors and in the fingerprint"})};
+  }
+  /// A filter needs a predicate.
+  void validate() const;
+  /// "filter(fn=NAME, ...)".
   NodeDescription describe() const;
+  /// The node is named after its predicate.
+  std::string base_name() const { return name; }
 };
+
+/// The `filter` node's definition.
+const NodeDef& filter_node();
 
 /// State of a filter: nothing it holds, only what it has seen.
 struct FilterState {
@@ -44,15 +60,19 @@ struct FilterState {
     require_state_version("FilterState", version, 1);
     ar(epoch, dropped);
   }
+  static constexpr auto inspect_fields() {
+    return std::tuple{std::pair{"epoch", &FilterState::epoch},
+                      std::pair{"dropped", &FilterState::dropped}};
+  }
 };
 
 /// The `filter` spine node.
 class FilterNode final : public StatefulSpineNode<FilterState> {
  public:
   /// `reader` reads a Ref as the predicate sees it; `store` gets the dropped Refs back;
-  /// `key` keys the predicate's generator.
+  /// `key` keys the predicate's generator; `parallel` evaluates a chunk's predicates.
   FilterNode(std::string name, FilterFn fn, std::uint64_t key, const SampleReader* reader,
-             const RecordStore* store);
+             const RecordStore* store, ParallelFor parallel);
 
   std::uint64_t size(std::uint64_t epoch) const override;
   void start_epoch(std::uint64_t epoch) override;
@@ -60,6 +80,7 @@ class FilterNode final : public StatefulSpineNode<FilterState> {
 
  private:
   FilterFn fn_;
+  ParallelFor parallel_;
   std::uint64_t key_;
   const SampleReader* reader_;
   const RecordStore* store_;

@@ -2,6 +2,10 @@
 
 namespace flowstate {
 
+void MapOptions::validate() const {
+  if (!fn && !batch_fn) throw ConfigError("", "map needs a function");
+}
+
 NodeDescription MapOptions::describe() const {
   NodeDescription d{"map", {{"fn", name}}};
   for (const auto& p : params) d.params.push_back(p);
@@ -9,8 +13,20 @@ NodeDescription MapOptions::describe() const {
   return d;
 }
 
-NodeDescription PrefetchOptions::describe() const {
-  return {"prefetch", {{"depth", std::to_string(depth), true}}};
+const NodeDef& map_node() {
+  static const NodeDef def = define_node<MapOptions>(
+      {.type = "map",
+       .phase = Phase::kPerSample,
+       .doc = "applies a function to every sample (before batch) or batch (after it)"},
+      [](BuildContext& ctx, const MapOptions& o) { ctx.add_sample_map(o.fn); });
+  return def;
+}
+
+const NodeDef& batch_map_node() {
+  static const NodeDef def = define_node<MapOptions>(
+      {.type = "map", .phase = Phase::kPerBatch, .doc = map_node().doc},
+      [](BuildContext& ctx, const MapOptions& o) { ctx.add_batch_map(o.batch_fn); });
+  return def;
 }
 
 }  // namespace flowstate

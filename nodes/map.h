@@ -10,6 +10,7 @@
 #include <string>
 
 #include "nodes/batch.h"
+#include "nodes/definition.h"
 #include "nodes/node.h"
 
 namespace flowstate {
@@ -24,13 +25,34 @@ struct MapOptions {
   std::optional<int> workers;
   /// Extra canonical parameters (set by named transforms, e.g. from YAML).
   std::vector<DescribedParam> params;
+  /// The function: per sample (before batch) or per batch (after it); the builder's map()
+  /// and map_batch() set one.
+  SampleFn fn;
+  BatchFn batch_fn;
+
+  static constexpr auto table() {
+    using O = MapOptions;
+    return std::tuple{
+        param("fn", &O::name, {.doc = "names the transform in errors and in the fingerprint"}),
+        param("workers", &O::workers,
+              {.min = 1,
+               .max = 1024,
+               .free = true,
+               .doc = "parallel workers assembling batches",
+               .default_doc = "the pipeline's workers"}),
+    };
+  }
+  /// A map needs its function.
+  void validate() const;
+  /// "map(fn=NAME, <params>, workers=N)".
   NodeDescription describe() const;
+  /// The node is named after its function.
+  std::string base_name() const { return name; }
 };
 
-/// Options of the `prefetch` node: how many batches may be prepared ahead of the consumer.
-struct PrefetchOptions {
-  std::size_t depth = 4;  ///< >= 1; free
-  NodeDescription describe() const;
-};
+/// The per-sample `map` node's definition (before batch).
+const NodeDef& map_node();
+/// The per-batch `map` node's definition (after batch).
+const NodeDef& batch_map_node();
 
 }  // namespace flowstate

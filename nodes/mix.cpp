@@ -8,19 +8,9 @@
 
 namespace flowstate {
 
-std::string_view mix_stop_name(MixStop stop) {
-  switch (stop) {
-    case MixStop::kFirstExhausted:
-      return "first_exhausted";
-    case MixStop::kAllExhausted:
-      return "all_exhausted";
-    case MixStop::kCycle:
-      return "cycle";
-  }
-  return "?";
-}
+std::string_view mix_stop_name(MixStop stop) { return enum_name(stop); }
 
-NodeDescription MixOptions::describe(const std::vector<std::string>& inputs) const {
+NodeDescription MixOptions::describe() const {
   NodeDescription d{"mix", {}};
   std::string w;
   for (double x : weights) w += (w.empty() ? "" : ", ") + format_double(x);
@@ -31,29 +21,81 @@ NodeDescription MixOptions::describe(const std::vector<std::string>& inputs) con
   return d;
 }
 
-void MixOptions::validate(std::size_t inputs, const std::string& node) const {
-  if (inputs < 2) throw ConfigError(node + ".inputs", "mix needs at least two inputs");
-  if (weights.size() != inputs)
-    throw ConfigError(node + ".weights", "mix has " + std::to_string(inputs) + " inputs but " +
-                                             std::to_string(weights.size()) + " weights");
+void MixOptions::validate() const {
+  if (inputs.size() < 2) throw ConfigError("inputs", "mix needs at least two inputs");
+  if (weights.size() != inputs.size())
+    throw ConfigError("weights", "mix has " + std::to_string(inputs.size()) + " inputs but " +
+                                     std::to_string(weights.size()) + " weights");
   for (double w : weights)
     if (!(w > 0) || !std::isfinite(w))
-      throw ConfigError(node + ".weights", "every weight must be a positive number");
+      throw ConfigError("weights", "every weight must be a positive number");
 }
 
 namespace {
 
-/// The mix's own state, then every input node's name and state.
+std::string inspect_mix(InArchive& ar, const InspectContext& ctx) {
+  std::vector<std::string> inputs;
+  for (std::size_t k = 0;; ++k) {
+    std::string text = ctx.param("inputs[" + std::to_string(k) + "]");
+    if (text.empty()) break;
+    inputs.push_back(std::move(text));
+  }
+  MixState s;
+  s.expected_inputs = static_cast<std::uint32_t>(inputs.size());
+  ar(s);
+  JsonObject j;
+  j.add("epoch", s.epoch).add("draws", s.draws).add("ended", s.ended);
+  std::string list = "[";
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    list += (k ? "," : "") + JsonObject()
+                                 .add("epoch", s.input_epoch[k])
+                                 .add("taken", s.taken[k])
+                                 .add("exhausted", s.exhausted[k] != 0)
+                                 .add_raw("nodes", ctx.nested(load_entries(ar), inputs[k]))
+                                 .str();
+  }
+  j.add_raw("inputs", list + "]");
+  return j.str();
+}
+
+}  // namespace
+
+const NodeDef& mix_node() {
+  static const NodeDef def = define_node<MixOptions>(
+      {.type = "mix",
+       .phase = Phase::kSource,
+       .doc = "samples from several input pipelines (YAML files without batch) by weight"},
+      [](BuildContext& ctx, const MixOptions& o) {
+        std::vector<MixInput> inputs;
+        for (std::size_t j = 0; j < ctx.inputs(); ++j) {
+          Chain sub = ctx.build_input(j);
+          MixInput in;
+          in.name = "input " + std::to_string(j);
+          in.nodes = std::move(sub.nodes);
+          in.own = std::move(sub.readers);
+          in.store = sub.store;
+          in.reader =
+              std::make_unique<MappedReader>(sub.store, sub.store_name, std::move(sub.stages));
+          inputs.push_back(std::move(in));
+        }
+        auto mix = std::make_unique<MixNode>(ctx.name(), o, ctx.key(), std::move(inputs));
+        const RecordStore* store = mix.get();
+        ctx.add_store(std::move(mix), store);
+      },
+      inspect_mix);
+  return def;
+}
+
+namespace {
+
+/// The mix's own state, then every input's stamp (its nodes' entries).
 class MixSnapshot final : public NodeSnapshot {
  public:
   MixState state;
-  std::vector<std::pair<std::string, std::shared_ptr<const NodeSnapshot>>> nodes;
+  std::vector<Stamp> inputs;
   void save(OutArchive& ar) const override {
     ar(state);
-    for (const auto& [name, snap] : nodes) {
-      ar(name);
-      snap->save(ar);
-    }
+    for (const auto& in : inputs) save_entries(ar, *in);
   }
 };
 
@@ -65,7 +107,6 @@ MixNode::MixNode(std::string name, MixOptions options, std::uint64_t key,
       options_(std::move(options)),
       key_(key),
       inputs_(std::move(inputs)) {
-  options_.validate(inputs_.size(), this->name());
   state_.resize(inputs_.size());
   state_.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
 }
@@ -160,12 +201,19 @@ std::size_t MixNode::pull(std::span<Ref> out) {
 std::shared_ptr<const NodeSnapshot> MixNode::snapshot() const {
   auto s = std::make_shared<MixSnapshot>();
   s->state = state_;
-  for (const auto& in : inputs_)
-    for (const auto& node : in.nodes) s->nodes.emplace_back(node->name(), node->snapshot());
+  for (const auto& in : inputs_) s->inputs.push_back(snapshot_nodes(in.nodes));
   return s;
 }
 
 void MixNode::restore(InArchive& ar) {
+  MixState s;
+  s.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
+  ar(s);
+  for (auto& in : inputs_) restore_nodes(in.nodes, load_entries(ar), "state");
+  state_ = std::move(s);
+}
+
+void MixNode::restore_legacy(InArchive& ar) {
   MixState s;
   s.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
   ar(s);
@@ -176,7 +224,7 @@ void MixNode::restore(InArchive& ar) {
       if (name != node->name())
         throw CheckpointError("state", "mix '" + this->name() + "' holds node '" + name +
                                            "' where " + in.name + " has '" + node->name() + "'");
-      node->restore(ar);
+      node->restore_legacy(ar);
     }
   }
   state_ = std::move(s);

@@ -24,25 +24,43 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nodes/definition.h"
 #include "nodes/node.h"
 
 namespace flowstate {
 
 /// When a mix's epoch ends (see the file comment).
 enum class MixStop : std::uint8_t { kFirstExhausted, kAllExhausted, kCycle };
+template <>
+struct EnumNames<MixStop> {
+  static constexpr std::array<std::pair<MixStop, const char*>, 3> values{
+      {{MixStop::kFirstExhausted, "first_exhausted"},
+       {MixStop::kAllExhausted, "all_exhausted"},
+       {MixStop::kCycle, "cycle"}}};
+};
 /// "first_exhausted", "all_exhausted", "cycle".
 std::string_view mix_stop_name(MixStop stop);
 
-/// Options of the `mix` node.
+/// Options of the `mix` node. Its inputs are pipelines (Pipeline::Builder::mix).
 struct MixOptions {
   std::vector<double> weights;  ///< one per input, > 0; need not sum to 1
   MixStop stop = MixStop::kFirstExhausted;
-  /// `inputs` are the inputs' canonical descriptions (for the fingerprint).
-  NodeDescription describe(const std::vector<std::string>& inputs) const;
-  /// Throws ConfigError (key "NODE.inputs" / "NODE.weights") unless there are at least two
-  /// inputs and one positive, finite weight for each.
-  void validate(std::size_t inputs, const std::string& node) const;
+  /// The inputs' canonical descriptions, for the fingerprint; the builder sets them.
+  std::vector<std::string> inputs;
+
+  static constexpr auto table() {
+    return std::tuple{
+        param("stop", &MixOptions::stop,
+              {.doc = "first_exhausted, all_exhausted or cycle: when an epoch of the mix ends"})};
+  }
+  NodeDescription describe() const;
+  /// Throws ConfigError (key "inputs" / "weights") unless there are at least two inputs and
+  /// one positive, finite weight for each.
+  void validate() const;
 };
+
+/// The `mix` node's definition.
+const NodeDef& mix_node();
 
 /// One instantiated input of a mix: its spine chain (source first) and how to read its Refs.
 struct MixInput {
@@ -101,6 +119,7 @@ class MixNode final : public SpineNode, public RecordStore {
   std::size_t pull(std::span<Ref> out) override;
   std::shared_ptr<const NodeSnapshot> snapshot() const override;
   void restore(InArchive& ar) override;
+  void restore_legacy(InArchive& ar) override;
 
   std::size_t record_bytes() const override { return 0; }
   std::span<const std::byte> record(const Ref& ref) const override;

@@ -1,6 +1,9 @@
 #include "nodes/node.h"
 
 #include <charconv>
+#include <sstream>
+
+#include <cereal/types/string.hpp>
 
 #include "core/error.h"
 
@@ -10,6 +13,12 @@ std::string format_double(double v) {
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
   return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
+}
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string joined;
+  for (const auto& item : items) joined += (joined.empty() ? "" : ",") + item;
+  return joined;
 }
 
 std::string NodeDescription::to_string(bool with_free) const {
@@ -35,6 +44,73 @@ void require_indexed(const SpineNode& self, const SpineNode* upstream) {
                                        upstream->name() +
                                        "' is not one; place it directly after the source, "
                                        "shard or a global shuffle");
+}
+
+Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes) {
+  auto s = std::make_shared<StampData>();
+  s->node_names.reserve(nodes.size());
+  s->snapshots.reserve(nodes.size());
+  for (const auto& n : nodes) {
+    s->node_names.push_back(n->name());
+    s->snapshots.push_back(n->snapshot());
+  }
+  return s;
+}
+
+namespace {
+
+void check_count(std::size_t saved, std::size_t now, const std::string& where) {
+  if (saved != now)
+    throw CheckpointError(where, "the state holds " + std::to_string(saved) +
+                                     " stateful nodes, this pipeline has " + std::to_string(now));
+}
+
+void check_name(const std::string& saved, const SpineNode& n, const std::string& where) {
+  if (saved != n.name())
+    throw CheckpointError(
+        where, "the state holds node '" + saved + "' where this pipeline has '" + n.name() + "'");
+}
+
+}  // namespace
+
+void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
+                   const std::vector<StampEntry>& entries, const std::string& where) {
+  check_count(entries.size(), nodes.size(), where);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const StampEntry& e = entries[i];
+    check_name(e.name, *nodes[i], where);
+    std::istringstream is{e.bytes, std::ios::binary};
+    InArchive ar(is);
+    StateReadLimit node_limit(e.bytes.size());
+    nodes[i]->restore(ar);
+  }
+}
+
+void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::string_view bytes,
+                   const std::string& where) {
+  try {
+    StateReadLimit limit(bytes.size());
+    if (auto entries = parse_stamp(bytes)) {
+      restore_nodes(nodes, *entries, where);
+      return;
+    }
+    // The first format: one archive, each node reading its state in turn.
+    std::istringstream is{std::string(bytes), std::ios::binary};
+    InArchive ar(is);
+    std::uint32_t count = 0;
+    ar(count);
+    check_count(count, nodes.size(), where);
+    for (const auto& n : nodes) {
+      std::string name;
+      load_bounded(ar, name);
+      check_name(name, *n, where);
+      n->restore_legacy(ar);
+    }
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CheckpointError(where, std::string("node states are truncated or corrupt: ") + e.what());
+  }
 }
 
 }  // namespace flowstate

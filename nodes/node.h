@@ -15,33 +15,13 @@
 #include "core/ref.h"
 #include "core/sample.h"
 #include "core/state.h"
+#include "nodes/description.h"
 
 namespace flowstate {
-
-/// One parameter of a node's canonical description. `free` parameters (worker counts,
-/// prefetch depth, device) do not change the output and are left out of the fingerprint.
-struct DescribedParam {
-  std::string key;
-  std::string value;  ///< canonical text form
-  bool free = false;
-};
-
-/// A node's type and parameters, in a canonical order. The basis of fingerprints,
-/// `flowstate validate` and the checkpoint mismatch messages.
-struct NodeDescription {
-  std::string type;
-  std::vector<DescribedParam> params;
-  /// "type(k=v, ...)"; free parameters only when `with_free`.
-  std::string to_string(bool with_free = true) const;
-};
 
 /// size() of a node whose epoch length is only known once the epoch ends (a generator, a
 /// filter, pack, mix). The batch planner then looks one batch ahead to set is_last_in_epoch.
 inline constexpr std::uint64_t kUnknownSize = ~std::uint64_t{0};
-
-/// The shortest text that reads back as `v` ("0.5", "1e-08"): canonical numbers in
-/// descriptions.
-std::string format_double(double v);
 
 /// A serial, stateful stage of the spine. Pulls Refs from its upstream (null for a source).
 /// Not thread-safe: the spine runs on one thread at a time.
@@ -74,6 +54,9 @@ class SpineNode {
   virtual std::shared_ptr<const NodeSnapshot> snapshot() const = 0;
   /// Loads a state written by snapshot()->save(); throws CheckpointError when invalid.
   virtual void restore(InArchive& ar) = 0;
+  /// Loads the state from a stamp of the first format, where every node read its state from
+  /// one shared archive (see restore_nodes). Default: restore(ar).
+  virtual void restore_legacy(InArchive& ar) { restore(ar); }
 
  protected:
   SpineNode* upstream_ = nullptr;
@@ -136,8 +119,18 @@ class SampleReader {
   virtual void read(const Ref& ref, std::uint64_t epoch, Sample& sample) const = 0;
 };
 
-/// Epoch-wise pull of a node's upstream through random access: the Refs [begin, begin+n) of
-/// an indexed upstream. Helper for nodes that map positions.
+/// Throws ConfigError unless `upstream` gives random access (`self` addresses it by position).
 void require_indexed(const SpineNode& self, const SpineNode* upstream);
+
+/// The stamp of `nodes` now: each node's name and snapshot.
+Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes);
+/// Loads every node of `nodes` from a serialized stamp (either format, see parse_stamp):
+/// the stamp must hold exactly these nodes, by name, in order. Throws CheckpointError
+/// (on `where`) naming what does not fit.
+void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::string_view bytes,
+                   const std::string& where = "state");
+/// Loads every node of `nodes` from its entry (see load_entries), by name and in order.
+void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
+                   const std::vector<StampEntry>& entries, const std::string& where);
 
 }  // namespace flowstate

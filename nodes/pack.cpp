@@ -5,13 +5,34 @@
 
 namespace flowstate {
 
-NodeDescription PackOptions::describe() const {
-  return {"pack",
-          {{"length", std::to_string(length)},
-           {"field", field},
-           {"separator", std::to_string(separator)},
-           {"drop_remainder", drop_remainder ? "true" : "false"},
-           {"pad", std::to_string(pad)}}};
+void PackOptions::validate() const {
+  if (field.empty()) throw ConfigError("field", "pack needs a token field");
+}
+
+const NodeDef& pack_node() {
+  static const NodeDef def = define_node<PackOptions>(
+      {.type = "pack",
+       .phase = Phase::kPerSample,
+       .doc = "concatenates token sequences and cuts rows of exactly `length` tokens"},
+      [](BuildContext& ctx, const PackOptions& o) {
+        auto pack =
+            std::make_unique<PackNode>(ctx.name(), o, ctx.reader(), ctx.store(), ctx.source_id());
+        const RecordStore* store = pack.get();
+        ctx.add_store(std::move(pack), store);
+      },
+      [](InArchive& ar, const InspectContext&) {
+        PackState s;
+        ar(s);
+        JsonObject j;
+        j.add("epoch", s.epoch).add("rows", s.rows).add("documents", s.documents);
+        j.add_raw("carry", s.has_carry ? JsonObject()
+                                             .add("record", s.carry.to_string())
+                                             .add("tokens_used", s.carry_at)
+                                             .str()
+                                       : "null");
+        return j.str();
+      });
+  return def;
 }
 
 PackNode::PackNode(std::string name, PackOptions options, const SampleReader* reader,

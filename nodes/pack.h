@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "nodes/definition.h"
 #include "nodes/node.h"
 
 namespace flowstate {
@@ -36,8 +37,24 @@ struct PackOptions {
   std::int64_t separator = -1;   ///< appended after every document; < 0: none
   bool drop_remainder = true;    ///< drop the epoch's last partial row (else pad it)
   std::int64_t pad = 0;          ///< the token padding a partial last row
-  NodeDescription describe() const;
+
+  static constexpr auto table() {
+    using O = PackOptions;
+    return std::tuple{
+        param("length", &O::length, {.min = 1, .required = true, .doc = "tokens per row"}),
+        param("field", &O::field, {.doc = "the 1-D integer token field"}),
+        param("separator", &O::separator, {.doc = "token appended after every sequence; -1: none"}),
+        param("drop_remainder", &O::drop_remainder,
+              {.doc = "drop the epoch's last partial row (false: pad it)"}),
+        param("pad", &O::pad, {.doc = "the token that pads a partial last row"}),
+    };
+  }
+  /// pack needs a token field.
+  void validate() const;
 };
+
+/// The `pack` node's definition.
+const NodeDef& pack_node();
 
 /// State of `pack`: positions only.
 struct PackState {

@@ -28,10 +28,19 @@ std::optional<std::uint64_t> env_uint(std::initializer_list<const char*> names) 
 }  // namespace
 
 ShardMode parse_shard_mode(std::string_view s) {
-  if (s == "interleave") return ShardMode::kInterleave;
-  if (s == "contiguous") return ShardMode::kContiguous;
-  throw ConfigError("shard.mode",
-                    "unknown shard mode '" + std::string(s) + "' (known: interleave, contiguous)");
+  return parse_enum<ShardMode>(s, "shard.mode", "shard mode");
+}
+
+const NodeDef& shard_node() {
+  static const NodeDef def = define_node<ShardOptions>(
+      {.type = "shard",
+       .phase = Phase::kSpine,
+       .doc = "splits the records across ranks; every record goes to exactly one rank per epoch"},
+      [](BuildContext& ctx, const ShardOptions& o) {
+        ctx.add(std::make_unique<ShardNode>(ctx.name(), o));
+      },
+      inspect_fields<CursorState>);
+  return def;
 }
 
 ShardOptions ShardOptions::resolved() const {
@@ -44,14 +53,6 @@ ShardOptions ShardOptions::resolved() const {
     throw ConfigError("shard.rank", "rank " + std::to_string(*r.rank) +
                                         " is out of range for world " + std::to_string(*r.world));
   return r;
-}
-
-NodeDescription ShardOptions::describe() const {
-  ShardOptions r = resolved();
-  return {"shard",
-          {{"rank", std::to_string(*r.rank)},
-           {"world", std::to_string(*r.world)},
-           {"mode", mode == ShardMode::kInterleave ? "interleave" : "contiguous"}}};
 }
 
 ShardNode::ShardNode(std::string name, ShardOptions options) : StatefulSpineNode(std::move(name)) {

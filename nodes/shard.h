@@ -6,12 +6,18 @@
 
 #include <optional>
 
+#include "nodes/definition.h"
 #include "nodes/node.h"
 #include "nodes/sources/file_source.h"
 
 namespace flowstate {
 
 enum class ShardMode : std::uint8_t { kInterleave, kContiguous };
+template <>
+struct EnumNames<ShardMode> {
+  static constexpr std::array<std::pair<ShardMode, const char*>, 2> values{
+      {{ShardMode::kInterleave, "interleave"}, {ShardMode::kContiguous, "contiguous"}}};
+};
 
 /// Options of the `shard` node.
 struct ShardOptions {
@@ -22,8 +28,30 @@ struct ShardOptions {
   ShardMode mode = ShardMode::kInterleave;  ///< interleave or contiguous
   /// Fills rank and world from the launcher's environment where unset; validates.
   ShardOptions resolved() const;
-  NodeDescription describe() const;
+  /// Checks rank < world, reading the launcher's environment for what is unset.
+  void validate() const { (void)resolved(); }
+
+  static constexpr auto table() {
+    using O = ShardOptions;
+    return std::tuple{
+        param("rank", &O::rank,
+              {.min = 0,
+               .doc = "this process's rank, < world",
+               .default_doc = "RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID, else 0",
+               .text = [](const O& o) { return std::to_string(*o.resolved().rank); }}),
+        param("world", &O::world,
+              {.min = 1,
+               .doc = "number of ranks",
+               .default_doc = "WORLD_SIZE, OMPI_COMM_WORLD_SIZE or SLURM_NTASKS, else 1",
+               .text = [](const O& o) { return std::to_string(*o.resolved().world); }}),
+        param("mode", &O::mode,
+              {.doc = "interleave (rank r gets r, r+world, ...) or contiguous (the r-th range)"}),
+    };
+  }
 };
+
+/// The `shard` node's definition.
+const NodeDef& shard_node();
 
 ShardMode parse_shard_mode(std::string_view s);
 

@@ -11,17 +11,49 @@
 namespace flowstate {
 
 ShuffleMode parse_shuffle_mode(std::string_view s) {
-  if (s == "global") return ShuffleMode::kGlobal;
-  if (s == "buffer") return ShuffleMode::kBuffer;
-  throw ConfigError("shuffle.mode",
-                    "unknown shuffle mode '" + std::string(s) + "' (known: global, buffer)");
+  return parse_enum<ShuffleMode>(s, "shuffle.mode", "shuffle mode");
 }
 
-NodeDescription ShuffleOptions::describe() const {
-  NodeDescription d{"shuffle", {{"mode", mode == ShuffleMode::kGlobal ? "global" : "buffer"}}};
-  if (mode == ShuffleMode::kBuffer) d.params.push_back({"size", std::to_string(size)});
-  d.params.push_back({"seed", std::to_string(seed)});
-  return d;
+void ShuffleOptions::validate() const {
+  if (mode == ShuffleMode::kGlobal && size != kDefaultBufferSize)
+    throw ConfigError("size", "size applies only to mode: buffer (this shuffle is global)");
+}
+
+namespace {
+
+std::string inspect_shuffle(InArchive& ar, const InspectContext& ctx) {
+  if (ctx.param("mode") == "global") return inspect_fields<CursorState>(ar, ctx);
+  BufferShuffleState s;
+  ar(s);
+  JsonObject j;
+  j.add("epoch", s.epoch).add("draws", s.draws);
+  if (s.keyframe) {
+    j.add_raw("keyframe", JsonObject()
+                              .add("draws", s.keyframe->draws)
+                              .add("slots", std::uint64_t{s.keyframe->slots.size()})
+                              .str());
+  } else {
+    j.add_raw("keyframe", "null");
+  }
+  return j.str();
+}
+
+}  // namespace
+
+const NodeDef& shuffle_node() {
+  static const NodeDef def = define_node<ShuffleOptions>(
+      {.type = "shuffle",
+       .phase = Phase::kSpine,
+       .doc = "reorders the records, differently every epoch"},
+      [](BuildContext& ctx, const ShuffleOptions& o) {
+        const std::uint64_t key = hash_combine(ctx.key(), o.seed);
+        if (o.mode == ShuffleMode::kGlobal)
+          ctx.add(std::make_unique<GlobalShuffleNode>(ctx.name(), key));
+        else
+          ctx.add(std::make_unique<BufferShuffleNode>(ctx.name(), key, o.size));
+      },
+      inspect_shuffle);
+  return def;
 }
 
 // ---- global ----

@@ -14,25 +14,56 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/permutation.h"
+#include "nodes/definition.h"
 #include "nodes/node.h"
 #include "nodes/sources/file_source.h"
 
 namespace flowstate {
 
 enum class ShuffleMode : std::uint8_t { kGlobal, kBuffer };
+template <>
+struct EnumNames<ShuffleMode> {
+  static constexpr std::array<std::pair<ShuffleMode, const char*>, 2> values{
+      {{ShuffleMode::kGlobal, "global"}, {ShuffleMode::kBuffer, "buffer"}}};
+};
 ShuffleMode parse_shuffle_mode(std::string_view s);
 
 /// Options of the `shuffle` node.
 struct ShuffleOptions {
+  /// Buffer slots when `size` is not given.
+  static constexpr std::uint64_t kDefaultBufferSize = 16384;
+
   ShuffleMode mode = ShuffleMode::kGlobal;  ///< global (Feistel) or buffer
-  std::uint64_t size = 16384;               ///< buffer mode: slots in the buffer, > 0
+  std::uint64_t size = kDefaultBufferSize;  ///< buffer mode: slots in the buffer, > 0
   std::uint64_t seed = 0;  ///< mixed with the pipeline seed; change it to get another order
-  NodeDescription describe() const;
+
+  /// A size other than the default is an option of the buffer mode only: the C++ builder
+  /// and YAML both refuse one on a global shuffle.
+  void validate() const;
+
+  static constexpr auto table() {
+    using O = ShuffleOptions;
+    return std::tuple{
+        param("mode", &O::mode,
+              {.doc = "global (a perfect per-epoch permutation) or buffer (a seeded shuffle "
+                      "buffer)"}),
+        param("size", &O::size,
+              {.min = 1,
+               .doc = "buffer mode: slots in the shuffle buffer",
+               .describe_if = [](const O& o) { return o.mode == ShuffleMode::kBuffer; }}),
+        param("seed", &O::seed,
+              {.doc = "mixed with the pipeline seed; change it to get another order"}),
+    };
+  }
 };
+
+/// The `shuffle` node's definition.
+const NodeDef& shuffle_node();
 
 /// State of a global shuffle: the cursor in the epoch's permutation.
 using GlobalShuffleState = CursorState;

@@ -5,10 +5,12 @@
 
 namespace flowstate {
 
-std::string join_list(const std::vector<std::string>& items) {
-  std::string joined;
-  for (const auto& item : items) joined += (joined.empty() ? "" : ",") + item;
-  return joined;
+std::string check_paths(const ParamValue& value) {
+  const auto& paths = std::get<std::vector<std::string>>(value);
+  if (paths.empty()) return "must name at least one file or glob";
+  for (const auto& s : paths)
+    if (s.empty()) return "must not contain an empty path";
+  return "";
 }
 
 Tensor bytes_tensor(const void* data, std::size_t size) {

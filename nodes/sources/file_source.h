@@ -8,12 +8,17 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nodes/definition.h"
 #include "nodes/node.h"
+#include "nodes/options.h"
 
 namespace flowstate {
 
-/// "a,b,c": a list parameter's canonical text in a source's description.
-std::string join_list(const std::vector<std::string>& items);
+/// The check of a source's `paths` option: at least one path, none empty.
+std::string check_paths(const ParamValue& value);
+/// The doc of a source's `paths` option.
+inline constexpr const char* kPathsDoc =
+    "files or globs, each glob's matches in sorted order; relative to the YAML file";
 /// A uint8 [size] tensor holding a copy of `size` bytes at `data` (samples are writable, so
 /// they never view a read-only mapping).
 Tensor bytes_tensor(const void* data, std::size_t size);
@@ -26,6 +31,10 @@ struct CursorState {
   void serialize(Archive& ar, std::uint32_t version) {
     require_state_version("CursorState", version, 1);
     ar(epoch, cursor);
+  }
+  static constexpr auto inspect_fields() {
+    return std::tuple{std::pair{"epoch", &CursorState::epoch},
+                      std::pair{"cursor", &CursorState::cursor}};
   }
 };
 
@@ -66,6 +75,14 @@ class FileSource : public StatefulSpineNode<CursorState>, public RecordStore {
   std::vector<std::uint64_t> first_{0};  ///< first global index of each file, plus the total
   std::uint64_t total_ = 0;
 };
+
+/// The build function of a file source `Source` (constructed as Source(name, options, id)).
+template <class Source, class Options>
+void add_file_source(BuildContext& ctx, const Options& options) {
+  auto node = std::make_unique<Source>(ctx.name(), options, ctx.source_id());
+  const RecordStore* store = node.get();
+  ctx.add_store(std::move(node), store);
+}
 
 }  // namespace flowstate
 

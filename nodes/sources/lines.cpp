@@ -104,46 +104,44 @@ Tensor json_tensor(const Json& v, const std::string& key, std::string& error) {
 
 }  // namespace
 
-std::string_view lines_format_name(LinesFormat format) {
-  return format == LinesFormat::kText ? "text" : "jsonl";
-}
+std::string_view lines_format_name(LinesFormat format) { return enum_name(format); }
 
 LinesFormat parse_lines_format(std::string_view name) {
-  if (name == "text") return LinesFormat::kText;
-  if (name == "jsonl") return LinesFormat::kJsonl;
-  throw ConfigError("lines.format",
-                    "unknown lines format '" + std::string(name) + "' (known: text, jsonl)");
+  return parse_enum<LinesFormat>(name, "lines.format", "lines format");
 }
 
-NodeDescription LinesOptions::describe() const {
-  return {"lines",
-          {{"paths", join_list(paths)},
-           {"format", std::string(lines_format_name(format))},
-           {"field", field},
-           {"skip_empty", skip_empty ? "true" : "false"},
-           {"json_fields", join_list(json_fields)}}};
+void LinesOptions::validate() const {
+  if (field.empty()) throw ConfigError("field", "field must not be empty");
+  if (!json_fields.empty() && format != LinesFormat::kJsonl)
+    throw ConfigError("json_fields", "json_fields needs format jsonl");
+  std::set<std::string> seen;
+  for (const auto& key : json_fields) {
+    if (key.empty()) throw ConfigError("json_fields", "json_fields has an empty name");
+    if (!seen.insert(key).second)
+      throw ConfigError("json_fields", "json_fields lists '" + key + "' twice");
+  }
+}
+
+const NodeDef& lines_node() {
+  static const NodeDef def = define_node<LinesOptions>(
+      {.type = "lines",
+       .phase = Phase::kSource,
+       .doc = "text or JSON Lines shards; a byte-offset index is cached beside each file"},
+      [](BuildContext& ctx, const LinesOptions& o) { add_file_source<LinesSource>(ctx, o); },
+      inspect_fields<CursorState>);
+  return def;
 }
 
 LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t source_id)
     : FileSource(std::move(name), "lines", source_id),
       options_(std::move(options)),
       field_(field_id(options_.field)) {
-  if (options_.paths.empty())
-    throw ConfigError("lines.paths", "paths must name at least one file or glob");
-  if (options_.field.empty()) throw ConfigError("lines.field", "field must not be empty");
-  if (!options_.json_fields.empty() && options_.format != LinesFormat::kJsonl)
-    throw ConfigError("lines.json_fields", "json_fields needs format jsonl");
-  std::set<std::string> seen;
-  for (const auto& key : options_.json_fields) {
-    if (key.empty()) throw ConfigError("lines.json_fields", "json_fields has an empty name");
-    if (!seen.insert(key).second)
-      throw ConfigError("lines.json_fields", "json_fields lists '" + key + "' twice");
-    json_ids_.push_back(field_id(key));
-  }
+  validate_fields(options_, "lines");
+  for (const auto& key : options_.json_fields) json_ids_.push_back(field_id(key));
 
   // Which lines are records depends on skip_empty, so it is part of the index's kind.
   const std::string kind = options_.skip_empty ? "lines/1 skip_empty" : "lines/1";
-  for (const auto& f : expand_paths(options_.paths)) {
+  for (const auto& f : expand_paths(options_.paths, options_.base_dir)) {
     auto m = std::make_shared<const MappedFile>(f);
     auto index =
         load_index<std::uint64_t>(*m, kind, [&] { return scan_lines(*m, options_.skip_empty); });

@@ -39,6 +39,11 @@ enum class LinesFormat : std::uint8_t {
   kText,   ///< the line's bytes
   kJsonl,  ///< a JSON value per line (JSON Lines)
 };
+template <>
+struct EnumNames<LinesFormat> {
+  static constexpr std::array<std::pair<LinesFormat, const char*>, 2> values{
+      {{LinesFormat::kText, "text"}, {LinesFormat::kJsonl, "jsonl"}}};
+};
 /// "text" or "jsonl".
 std::string_view lines_format_name(LinesFormat format);
 /// Parses a name given by lines_format_name; throws ConfigError (key `lines.format`) otherwise.
@@ -51,8 +56,28 @@ struct LinesOptions {
   std::string field = "text";               ///< the bytes field (text; jsonl without json_fields)
   bool skip_empty = false;                  ///< empty lines are not records
   std::vector<std::string> json_fields;     ///< jsonl: top-level keys to read, each a field
-  NodeDescription describe() const;
+  std::filesystem::path base_dir;           ///< relative paths resolve against it; not described
+
+  static constexpr auto table() {
+    using O = LinesOptions;
+    return std::tuple{
+        param("paths", &O::paths, {.required = true, .doc = kPathsDoc, .check = check_paths}),
+        param("format", &O::format,
+              {.doc = "text (the line's bytes) or jsonl (a JSON value per line)"}),
+        param("field", &O::field,
+              {.doc = "the uint8 field holding the line (text, or jsonl without json_fields)"}),
+        param("skip_empty", &O::skip_empty, {.doc = "empty lines are not records"}),
+        param("json_fields", &O::json_fields,
+              {.doc = "jsonl: top-level keys read into fields of the same name",
+               .default_doc = "none: the whole line in `field`"}),
+    };
+  }
+  /// The checks across options: a field name, json_fields only for jsonl, no name twice.
+  void validate() const;
 };
+
+/// The `lines` source's definition.
+const NodeDef& lines_node();
 
 /// The `lines` source. Opening maps every file and loads (or builds and caches) its index: an
 /// empty match or an unreadable file is a DataError naming the path; options that do not fit

@@ -60,10 +60,14 @@ bool is_index_cache(std::string_view path) {
 
 }  // namespace
 
-std::vector<std::string> expand_paths(const std::vector<std::string>& patterns) {
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
+                                      const std::filesystem::path& base_dir) {
   std::vector<std::string> out;
   std::set<std::string> seen;
-  for (const auto& pattern : patterns) {
+  for (const auto& written : patterns) {
+    const std::filesystem::path w(written);
+    const std::string pattern =
+        w.is_relative() && !base_dir.empty() ? (base_dir / w).string() : written;
     glob_t g{};
     int rc = ::glob(pattern.c_str(), GLOB_NOSORT, nullptr, &g);
     std::vector<std::string> matches;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +30,9 @@ class MappedFile {
 
 /// Expands `patterns` (plain paths or globs): each pattern's matches in sorted order,
 /// patterns in the given order, duplicates dropped, flowstate's index caches (*.fsidx) left
-/// out. Throws DataError naming a pattern that matches nothing.
-std::vector<std::string> expand_paths(const std::vector<std::string>& patterns);
+/// out. A relative pattern is taken relative to `base_dir` when one is given (a YAML file's
+/// directory). Throws DataError naming a pattern that matches nothing.
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
+                                      const std::filesystem::path& base_dir = {});
 
 }  // namespace flowstate

@@ -7,22 +7,22 @@
 
 namespace flowstate {
 
-NodeDescription RecordsOptions::describe() const {
-  return {"records",
-          {{"paths", join_list(paths)},
-           {"record_bytes", std::to_string(record_bytes)},
-           {"field", field}}};
+const NodeDef& records_node() {
+  static const NodeDef def = define_node<RecordsOptions>(
+      {.type = "records",
+       .phase = Phase::kSource,
+       .doc = "fixed-size records in shard files (e.g. token .bin files), memory-mapped"},
+      [](BuildContext& ctx, const RecordsOptions& o) { add_file_source<RecordsSource>(ctx, o); },
+      inspect_fields<CursorState>);
+  return def;
 }
 
 RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint32_t source_id)
     : FileSource(std::move(name), "records", source_id),
       options_(std::move(options)),
       field_(field_id(options_.field)) {
-  if (options_.record_bytes == 0)
-    throw ConfigError("records.record_bytes", "record_bytes must be greater than zero");
-  if (options_.paths.empty())
-    throw ConfigError("records.paths", "paths must name at least one file or glob");
-  for (const auto& f : expand_paths(options_.paths)) {
+  validate_fields(options_, "records");
+  for (const auto& f : expand_paths(options_.paths, options_.base_dir)) {
     auto m = std::make_shared<const MappedFile>(f);
     if (m->size() % options_.record_bytes != 0)
       throw DataError(f, m->size() - m->size() % options_.record_bytes,

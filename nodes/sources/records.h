@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nodes/definition.h"
 #include "nodes/node.h"
 #include "nodes/sources/file_source.h"
 #include "nodes/sources/mapped_file.h"
@@ -21,8 +22,23 @@ struct RecordsOptions {
   std::vector<std::string> paths;  ///< files or globs; each glob's matches sorted
   std::size_t record_bytes = 0;    ///< bytes per record; required, > 0
   std::string field = "data";      ///< name of the uint8 [record_bytes] field in each sample
-  NodeDescription describe() const;
+  /// Relative paths resolve against it (a YAML file's directory); not described, so a
+  /// project directory can move together with its checkpoints.
+  std::filesystem::path base_dir;
+
+  static constexpr auto table() {
+    using O = RecordsOptions;
+    return std::tuple{
+        param("paths", &O::paths, {.required = true, .doc = kPathsDoc, .check = check_paths}),
+        param("record_bytes", &O::record_bytes,
+              {.min = 1, .required = true, .doc = "bytes per record"}),
+        param("field", &O::field, {.doc = "name of the uint8 [record_bytes] field of each sample"}),
+    };
+  }
 };
+
+/// The `records` source's definition.
+const NodeDef& records_node();
 
 /// The `records` source. Opening validates every file: an empty match, an unreadable file,
 /// or a size that is not a multiple of record_bytes is a DataError naming the file.

@@ -212,39 +212,39 @@ class TarScanner {
 
 }  // namespace
 
-std::string_view missing_field_name(MissingField m) {
-  return m == MissingField::kError ? "error" : "skip";
-}
+std::string_view missing_field_name(MissingField m) { return enum_name(m); }
 
 MissingField parse_missing_field(std::string_view name) {
-  if (name == "error") return MissingField::kError;
-  if (name == "skip") return MissingField::kSkip;
-  throw ConfigError("tar.on_missing",
-                    "unknown on_missing '" + std::string(name) + "' (known: error, skip)");
+  return parse_enum<MissingField>(name, "tar.on_missing", "on_missing");
 }
 
-NodeDescription TarOptions::describe() const {
-  return {"tar",
-          {{"paths", join_list(paths)},
-           {"fields", join_list(fields)},
-           {"on_missing", std::string(missing_field_name(on_missing))}}};
+void TarOptions::validate() const {
+  std::set<std::string> seen;
+  for (const auto& ext : fields) {
+    if (ext.empty()) throw ConfigError("fields", "fields has an empty extension");
+    if (!seen.insert(ext).second) throw ConfigError("fields", "fields lists '" + ext + "' twice");
+  }
+}
+
+const NodeDef& tar_node() {
+  static const NodeDef def = define_node<TarOptions>(
+      {.type = "tar",
+       .phase = Phase::kSource,
+       .doc = "WebDataset-style tar shards: members grouped by key into samples, fields by "
+              "extension"},
+      [](BuildContext& ctx, const TarOptions& o) { add_file_source<TarSource>(ctx, o); },
+      inspect_fields<CursorState>);
+  return def;
 }
 
 TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_id)
     : FileSource(std::move(name), "tar", source_id),
       options_(std::move(options)),
       record_field_(field_id(options_.fields.empty() ? "data" : options_.fields.front())) {
-  if (options_.paths.empty())
-    throw ConfigError("tar.paths", "paths must name at least one file or glob");
-  std::set<std::string> seen;
-  for (const auto& ext : options_.fields) {
-    if (ext.empty()) throw ConfigError("tar.fields", "fields has an empty extension");
-    if (!seen.insert(ext).second)
-      throw ConfigError("tar.fields", "fields lists '" + ext + "' twice");
-    field_ids_.push_back(field_id(ext));
-  }
+  validate_fields(options_, "tar");
+  for (const auto& ext : options_.fields) field_ids_.push_back(field_id(ext));
 
-  for (const auto& f : expand_paths(options_.paths)) {
+  for (const auto& f : expand_paths(options_.paths, options_.base_dir)) {
     Shard shard;
     shard.map = std::make_shared<const MappedFile>(f);
     // The index holds every member, whatever `fields` says: options apply when grouping, so

@@ -49,13 +49,35 @@ std::string_view missing_field_name(MissingField m);
 /// Parses a name given by missing_field_name; throws ConfigError (key `tar.on_missing`).
 MissingField parse_missing_field(std::string_view name);
 
+template <>
+struct EnumNames<MissingField> {
+  static constexpr std::array<std::pair<MissingField, const char*>, 2> values{
+      {{MissingField::kError, "error"}, {MissingField::kSkip, "skip"}}};
+};
+
 /// Options of the `tar` source.
 struct TarOptions {
   std::vector<std::string> paths;                  ///< files or globs; each glob's matches sorted
   std::vector<std::string> fields;                 ///< extensions to read; empty: every one seen
   MissingField on_missing = MissingField::kError;  ///< a sample lacking one of `fields`
-  NodeDescription describe() const;
+  std::filesystem::path base_dir;  ///< relative paths resolve against it; not described
+
+  static constexpr auto table() {
+    using O = TarOptions;
+    return std::tuple{
+        param("paths", &O::paths, {.required = true, .doc = kPathsDoc, .check = check_paths}),
+        param("fields", &O::fields,
+              {.doc = "the extensions read into fields", .default_doc = "every extension seen"}),
+        param("on_missing", &O::on_missing,
+              {.doc = "a sample lacking one of `fields`: error (when the source opens) or skip"}),
+    };
+  }
+  /// The checks across options: no empty extension, none twice.
+  void validate() const;
 };
+
+/// The `tar` source's definition.
+const NodeDef& tar_node();
 
 namespace detail {
 /// One regular member of a tar file, as its cached index stores it.

@@ -10,9 +10,9 @@
 #include <regex>
 #include <thread>
 
+#include "config/yaml.h"
 #include "core/hash.h"
 #include "graph/loader.h"
-#include "graph/yaml.h"
 #include "tests/cli/cli_support.h"
 
 namespace flowstate {

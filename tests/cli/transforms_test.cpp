@@ -1,6 +1,6 @@
 // The built-in map transforms: values, views, error texts, and random_crop's determinism
 // across worker counts and restores.
-#include "graph/transforms.h"
+#include "config/transforms.h"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 #include <limits>
 #include <set>
 
+#include "config/yaml.h"
 #include "core/error.h"
 #include "graph/loader.h"
-#include "graph/yaml.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -4,9 +4,9 @@
 
 #include <fstream>
 
+#include "config/yaml.h"
 #include "core/error.h"
 #include "graph/loader.h"
-#include "graph/yaml.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 

@@ -1,6 +1,6 @@
 // The YAML loader: what it builds, and every kind of error with its exact text (file, line,
 // column and key path).
-#include "graph/yaml.h"
+#include "config/yaml.h"
 
 #include <gtest/gtest.h>
 
@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "config/registry.h"
+#include "config/transforms.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "graph/loader.h"
-#include "graph/registry.h"
-#include "graph/transforms.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -245,9 +245,10 @@ TEST(YamlPipeline, AProgramRegistersItsOwnNodesAndTransforms) {
 
 TEST(Registry, RejectsDuplicateAndNamelessTypes) {
   Registry r = Registry::with_builtins();
-  EXPECT_THROW(r.add({.type = "shuffle", .add = [](NodeContext&) {}}), std::invalid_argument);
-  EXPECT_THROW(r.add({.type = "", .add = [](NodeContext&) {}}), std::invalid_argument);
-  EXPECT_THROW(r.add({.type = "x"}), std::invalid_argument);
+  EXPECT_THROW(r.add(NodeSchema{.type = "shuffle", .add = [](NodeContext&) {}}),
+               std::invalid_argument);
+  EXPECT_THROW(r.add(NodeSchema{.type = "", .add = [](NodeContext&) {}}), std::invalid_argument);
+  EXPECT_THROW(r.add(NodeSchema{.type = "x"}), std::invalid_argument);
   TransformRegistry t = TransformRegistry::with_builtins();
   EXPECT_THROW(t.add({.name = "decode", .make_sample = [](const Params&) { return SampleFn(); }}),
                std::invalid_argument);
@@ -293,7 +294,7 @@ TEST(YamlErrors, UnknownNodeTypeListsTheKnownOnes) {
 TEST(YamlErrors, UnknownTopLevelKey) {
   expect_error(std::string(kBase) + "epoch: 2\n", "epoch",
                "p.yaml:7:1: epoch: unknown top-level key 'epoch' (known: seed, source, nodes, "
-               "epochs, workers, checkpoint); did you mean 'epochs'?");
+               "epochs, workers, checkpoint, plugins); did you mean 'epochs'?");
 }
 
 TEST(YamlErrors, WrongTypes) {
@@ -459,7 +460,7 @@ TEST(YamlErrors, OverridesAreNamedInsteadOfALine) {
             0u);
   EXPECT_EQ(std::string(override_error({"sede=1"}).what()),
             "--set sede=1: sede: unknown top-level key 'sede' (known: seed, source, nodes, "
-            "epochs, workers, checkpoint); did you mean 'seed'?");
+            "epochs, workers, checkpoint, plugins); did you mean 'seed'?");
   // An error elsewhere still names the file's line.
   YamlOptions o;
   o.overrides = {"seed=9"};

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <set>
 
+#include "config/yaml.h"
 #include "graph/loader.h"
-#include "graph/yaml.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 

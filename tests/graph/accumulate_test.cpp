@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "graph/from_range.h"
 #include "graph/loader.h"
+#include "nodes/sources/iterable.h"
 
 namespace flowstate {
 namespace {

@@ -377,9 +377,9 @@ TEST(PipelineBuilder, ChecksNodeOrder) {
   expect_error([&] { Pipeline::Builder().records(ro).batch({.size = 1}).shuffle({}).build(); },
                "'shuffle' must come before any map, filter or pack and before batch");
   expect_error([&] { Pipeline::Builder().batch({.size = 0}); },
-               "batch size must be greater than zero");
+               "batch.size: 0 is out of range (must be at least 1)");
   expect_error([&] { Pipeline::Builder().prefetch({.depth = 0}); },
-               "prefetch depth must be at least 1");
+               "prefetch.depth: 0 is out of range (must be between 1 and 4096)");
 }
 
 }  // namespace

@@ -134,7 +134,8 @@ TEST_F(CollateTest, ModeEntersTheFingerprintOnlyWhenNotStack) {
   EXPECT_NE(fp({.size = 4}), fp({.size = 4, .collate = CollateMode::kPad}));
   EXPECT_NE(fp({.size = 4, .collate = CollateMode::kPad, .pad_value = 0}),
             fp({.size = 4, .collate = CollateMode::kPad, .pad_value = 1}));
-  EXPECT_EQ(BatchOptions{.size = 4}.describe().to_string(), "batch(size=4, drop_last=false)");
+  EXPECT_EQ(batch_node().describe(BatchOptions{.size = 4}).to_string(),
+            "batch(size=4, drop_last=false)");
 }
 
 TEST_F(CollateTest, PaddedBatchesResumeExactly) {

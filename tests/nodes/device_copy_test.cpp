@@ -64,13 +64,13 @@ Pipeline records_pipeline(const std::string& glob, std::optional<DeviceCopyOptio
 }
 
 TEST(DeviceCopyOptions, DescribesDeviceAsFreeParameter) {
-  NodeDescription d = DeviceCopyOptions{.device = "cuda:1"}.describe();
+  NodeDescription d = device_copy_node().describe(DeviceCopyOptions{.device = "cuda:1"});
   EXPECT_EQ(d.type, "device_copy");
   ASSERT_EQ(d.params.size(), 1u);
   EXPECT_EQ(d.params[0].key, "device");
   EXPECT_EQ(d.params[0].value, "cuda:1");
   EXPECT_TRUE(d.params[0].free);
-  EXPECT_EQ(DeviceCopyOptions{}.describe().params[0].value, "auto");
+  EXPECT_EQ(device_copy_node().describe(DeviceCopyOptions{}).params[0].value, "auto");
 }
 
 TEST(DeviceCopy, DeviceCountIsZeroWithoutCuda) {

@@ -464,7 +464,7 @@ TEST(LinesSource, RejectsOptionsThatDoNotFitTogether) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(key_of({}), "lines.paths: paths must name at least one file or glob");
+  EXPECT_EQ(key_of({}), "lines.paths: lines.paths must name at least one file or glob");
   EXPECT_EQ(key_of({.paths = {"x"}, .field = ""}), "lines.field: field must not be empty");
   EXPECT_EQ(key_of({.paths = {"x"}, .json_fields = {"a"}}),
             "lines.json_fields: json_fields needs format jsonl");
@@ -491,7 +491,7 @@ TEST(LinesSource, DescribesItsOptions) {
                  .format = LinesFormat::kJsonl,
                  .skip_empty = true,
                  .json_fields = {"x", "y"}};
-  EXPECT_EQ(o.describe().to_string(),
+  EXPECT_EQ(lines_node().describe(o).to_string(),
             "lines(paths=a/*.jsonl,b.jsonl, format=jsonl, field=text, skip_empty=true, "
             "json_fields=x,y)");
 }
@@ -532,7 +532,7 @@ TEST(LinesSource, SurvivesSaveAndRestoreOfTextLines) {
   auto make = [&] {
     return Pipeline::Builder()
         .seed(11)
-        .source(o.describe(), source_factory<LinesSource>(o))
+        .lines(o)
         .shuffle({.mode = ShuffleMode::kGlobal})
         .batch({.size = 16})
         .build();
@@ -561,7 +561,7 @@ TEST(LinesSource, SurvivesSaveAndRestoreOfJsonLinesWithAMap) {
   auto make = [&] {
     return Pipeline::Builder()
         .seed(5)
-        .source(o.describe(), source_factory<LinesSource>(o))
+        .lines(o)
         .shuffle({.mode = ShuffleMode::kGlobal})
         .map(pad, {.name = "pad16"})
         .batch({.size = 32})

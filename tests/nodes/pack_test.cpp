@@ -202,7 +202,7 @@ TEST(PackOptions, RejectsZeroLength) {
     Pipeline::Builder().pack({.length = 0});
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("pack length must be greater than zero"),
+    EXPECT_NE(std::string(e.what()).find("pack.length: 0 is out of range (must be at least 1)"),
               std::string::npos);
   }
 }

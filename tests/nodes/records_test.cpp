@@ -91,7 +91,7 @@ TEST(RecordsSource, RejectsAZeroRecordSize) {
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.key(), "records.record_bytes");
-    EXPECT_STREQ(e.what(), "record_bytes must be greater than zero");
+    EXPECT_STREQ(e.what(), "records.record_bytes: 0 is out of range (must be at least 1)");
   }
 }
 

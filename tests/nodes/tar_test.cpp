@@ -381,7 +381,7 @@ TEST(TarSource, SurvivesSaveAndRestore) {
   auto make = [&] {
     return Pipeline::Builder()
         .seed(17)
-        .source(o.describe(), source_factory<TarSource>(o))
+        .tar(o)
         .shuffle({.mode = ShuffleMode::kGlobal})
         .batch({.size = 16})
         .build();
@@ -400,7 +400,7 @@ TEST(TarSource, RejectsBadOptions) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(error_of({}), "tar.paths: paths must name at least one file or glob");
+  EXPECT_EQ(error_of({}), "tar.paths: tar.paths must name at least one file or glob");
   EXPECT_EQ(error_of({.paths = {"x"}, .fields = {"txt", "txt"}}),
             "tar.fields: fields lists 'txt' twice");
   EXPECT_EQ(error_of({.paths = {"x"}, .fields = {""}}),
@@ -424,7 +424,8 @@ TEST(TarSource, RejectsAnEmptyMatch) {
 
 TEST(TarSource, DescribesItsOptions) {
   TarOptions o{.paths = {"a/*.tar"}, .fields = {"jpg", "cls"}, .on_missing = MissingField::kSkip};
-  EXPECT_EQ(o.describe().to_string(), "tar(paths=a/*.tar, fields=jpg,cls, on_missing=skip)");
+  EXPECT_EQ(tar_node().describe(o).to_string(),
+            "tar(paths=a/*.tar, fields=jpg,cls, on_missing=skip)");
 }
 
 }  // namespace

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "graph/from_range.h"
 #include "graph/loader.h"
 #include "nodes/device_copy.h"
+#include "nodes/sources/iterable.h"
 #include "tests/support/testing.h"
 
 #ifdef FLOWSTATE_FAKE_CUDART

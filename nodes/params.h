@@ -1,19 +1,10 @@
-// The node registry: every node type a YAML pipeline may name ("records", "shuffle", ...),
-// each with a parameter schema (name, type, default, one-line doc, range or choices, free or
-// not). The YAML loader validates against it, `flowstate validate` fills in defaults from it
-// and `flowstate schema` prints it. Registration is explicit: register_builtin_nodes() is the
-// one place the built-in nodes are added; a program adds its own nodes the same way.
-//
-//   Registry r = Registry::with_builtins();
-//   r.add({.type = "tag", .doc = "adds a constant field",
-//          .params = {{.name = "value", .type = ParamType::kInt, .doc = "the value",
-//                      .required = true}},
-//          .add = [](NodeContext& ctx) { ctx.builder.map(..., {.name = "tag"}); }});
-//   Pipeline p = from_yaml_file("pipeline.yaml", {.registry = &r});
+// Parameters of nodes, transforms and the pipeline: their types, values, schemas and the
+// validated values of one node (Params). The options table of every node (nodes/options.h)
+// derives its schema from these types; the YAML loader (config/yaml.h) parses against them
+// and `flowstate schema` prints them.
 #pragma once
 
 #include <cstdint>
-#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -22,12 +13,9 @@
 #include <variant>
 #include <vector>
 
-#include "graph/pipeline.h"
-#include "nodes/node.h"
+#include "nodes/description.h"
 
 namespace flowstate {
-
-class TransformRegistry;
 
 /// The type of a parameter value.
 enum class ParamType : std::uint8_t {
@@ -120,69 +108,6 @@ class Params {
   std::vector<std::pair<std::string, ParamValue>> values_;
   std::vector<std::pair<std::string, std::string>> where_;
 };
-
-/// What a node's build function gets: the builder to add exactly one node to, the node's
-/// validated parameters, and context.
-struct NodeContext {
-  Pipeline::Builder& builder;
-  const Params& params;
-  /// Relative file paths in parameters resolve against this directory (the YAML file's).
-  std::filesystem::path base_dir;
-  const TransformRegistry& transforms;
-  /// True when a `batch` node comes before this one (a map then works on whole batches).
-  bool after_batch = false;
-};
-
-/// A registered node type.
-struct NodeSchema {
-  std::string type;     ///< the name used in YAML; also the type of the node's description
-  std::string doc;      ///< one line
-  bool source = false;  ///< sources go under `source:` (with `type:`), others under `nodes:`
-  std::vector<ParamSchema> params;
-  /// For a node whose other parameters depend on one of its own (map: `fn`): that
-  /// parameter's name, and the extra parameters for a value of it (null for an unknown value,
-  /// whose error lists `dispatch_choices`).
-  std::string dispatch;
-  std::function<const std::vector<ParamSchema>*(const TransformRegistry&, const std::string&)>
-      extra_params;
-  std::function<std::vector<std::string>(const TransformRegistry&)> dispatch_choices;
-  /// Adds exactly one node, whose description's type is `type`, to ctx.builder. May throw
-  /// ConfigError with a key relative to the node ("size" or "shuffle.size") or a full key.
-  std::function<void(NodeContext& ctx)> add;
-  /// The name `add` asks the builder for (before "#2" suffixes), when it is not `type`: the
-  /// YAML loader uses it to place the builder's errors, which name nodes.
-  std::function<std::string(const Params&)> node_name;
-};
-
-/// Node types by name, in registration order. Safe to read from many threads once built.
-class Registry {
- public:
-  /// A registry holding the built-in node types.
-  static Registry with_builtins();
-  /// The shared built-in registry (built on first use; immutable).
-  static const Registry& builtin();
-
-  /// Registers a node type; throws std::invalid_argument when the name is empty or taken, or
-  /// when `add` is missing.
-  void add(NodeSchema schema);
-  /// The schema of `type`, or null.
-  const NodeSchema* find(std::string_view type) const;
-  /// Every registered node type, in registration order.
-  const std::vector<NodeSchema>& nodes() const { return nodes_; }
-  /// Registered type names of sources (`sources` true) or of the other nodes.
-  std::vector<std::string> names(bool sources) const;
-
- private:
-  std::vector<NodeSchema> nodes_;
-};
-
-/// Registers records, shard, shuffle, map, batch, prefetch and device_copy.
-void register_builtin_nodes(Registry& registry);
-
-/// The top-level scalar keys of a YAML pipeline: seed, workers, epochs.
-const std::vector<ParamSchema>& pipeline_params();
-/// The keys of the `checkpoint:` section: dir, every_steps, keep.
-const std::vector<ParamSchema>& checkpoint_params();
 
 /// Checks `value` against `p`'s range, choices and check; returns the problem or "".
 std::string check_param(const ParamSchema& p, const ParamValue& value);

@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "graph/registry.h"
 #include "nodes/batch.h"
+#include "nodes/params.h"
 
 namespace flowstate {
 
@@ -55,6 +55,9 @@ class TransformRegistry {
   static TransformRegistry with_builtins();
   /// The shared built-in registry (built on first use; immutable).
   static const TransformRegistry& builtin();
+  /// The process's registry: the built-ins plus every transform a loaded plugin registered;
+  /// what YAML uses when no registry is given.
+  static TransformRegistry& global();
 
   /// Registers a transform; throws std::invalid_argument when the name is empty or taken,
   /// when `make_sample` is missing, or when a parameter is named `fn` or `workers` (the

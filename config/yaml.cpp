@@ -1,4 +1,4 @@
-#include "graph/yaml.h"
+#include "config/yaml.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -13,12 +13,17 @@
 #include <set>
 #include <sstream>
 
+#include "config/plugins.h"
+#include "config/registry.h"
+#include "config/transforms.h"
 #include "core/error.h"
-#include "graph/registry.h"
-#include "graph/transforms.h"
 
 namespace flowstate {
 namespace {
+
+/// The most nodes a YAML pipeline may have: far above any real pipeline, and it keeps a file
+/// of aliases that expand to millions of nodes from running for minutes.
+constexpr std::size_t kMaxNodes = 10000;
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -136,9 +141,9 @@ class YamlLoader {
       : origin_(std::move(origin)),
         options_(options),
         base_dir_(std::move(base_dir)),
-        registry_(options.registry != nullptr ? *options.registry : Registry::builtin()),
+        registry_(options.registry != nullptr ? *options.registry : Registry::global()),
         transforms_(options.transforms != nullptr ? *options.transforms
-                                                  : TransformRegistry::builtin()) {}
+                                                  : TransformRegistry::global()) {}
 
   PipelineConfig load(std::string_view text) {
     YAML::Node root;
@@ -523,10 +528,10 @@ class YamlLoader {
       fail(root, "",
            "a pipeline is a map with the keys seed, source, nodes, ... (got " +
                describe_node(root) + ")");
-    static const std::vector<std::string> kTop{"seed",   "source",  "nodes",
-                                               "epochs", "workers", "checkpoint"};
-    YAML::Node source, nodes, checkpoint;
-    bool has_source = false, has_nodes = false, has_checkpoint = false;
+    static const std::vector<std::string> kTop{"seed",    "source",     "nodes",  "epochs",
+                                               "workers", "checkpoint", "plugins"};
+    YAML::Node source, nodes, checkpoint, plugins;
+    bool has_source = false, has_nodes = false, has_checkpoint = false, has_plugins = false;
     std::set<std::string> seen;
     for (auto it = root.begin(); it != root.end(); ++it) {
       const YAML::Node k(it->first);
@@ -545,6 +550,9 @@ class YamlLoader {
         checkpoint.reset(it->second);
         checkpoint_key_.reset(k);
         has_checkpoint = true;
+      } else if (name == "plugins") {
+        plugins.reset(it->second);
+        has_plugins = true;
       } else if (std::find(kTop.begin(), kTop.end(), name) == kTop.end()) {
         fail(k, name,
              "unknown top-level key '" + name + "' (known: " + join(kTop) + ")" +
@@ -552,7 +560,9 @@ class YamlLoader {
       }
     }
     Params top = parse_params(root, root, "", {&pipeline_params()}, "the pipeline",
-                              {"source", "nodes", "checkpoint"});
+                              {"source", "nodes", "checkpoint", "plugins"});
+    // Plugins first: they add the node types the rest may name.
+    if (has_plugins) load_plugins(plugins);
 
     std::vector<NodeEntry> entries;
     if (!has_source)
@@ -564,6 +574,10 @@ class YamlLoader {
     if (has_nodes && !nodes.IsSequence())
       fail(nodes.IsNull() ? nodes_key_ : nodes, "nodes",
            "expected a list of nodes, got " + describe_node(nodes));
+    if (has_nodes && nodes.size() > kMaxNodes)
+      fail(nodes, "nodes",
+           "the pipeline has " + std::to_string(nodes.size()) + " nodes; at most " +
+               std::to_string(kMaxNodes) + " are allowed");
     if (has_nodes)
       for (std::size_t i = 0; i < nodes.size(); ++i) entries.push_back(node_entry(nodes[i], i));
     check_structure(entries, nodes);
@@ -584,6 +598,23 @@ class YamlLoader {
     }
     config.pipeline = build(entries, top);
     return config;
+  }
+
+  /// Loads the libraries of `plugins:` (a path or a list; relative to the YAML file).
+  void load_plugins(const YAML::Node& plugins) const {
+    ParamSchema schema{.name = "plugins", .type = ParamType::kStringList, .doc = "plugins"};
+    const ParamValue v = parse_value(plugins, schema, "plugins");
+    const auto& paths = std::get<std::vector<std::string>>(v);
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      std::filesystem::path f(paths[i]);
+      if (f.is_relative() && !base_dir_.empty()) f = base_dir_ / f;
+      try {
+        load_plugin(f.string());
+      } catch (const ConfigError& e) {
+        const YAML::Node at = plugins.IsSequence() ? plugins[i] : plugins;
+        fail(at, plugins.IsSequence() ? "plugins[" + std::to_string(i) + "]" : "plugins", e.what());
+      }
+    }
   }
 
   NodeEntry source_entry(const YAML::Node& source) const {
@@ -678,27 +709,29 @@ class YamlLoader {
     b.workers(static_cast<int>(top.uint("workers")));
     // The builder names nodes by type (or a map by its transform), made unique with "#k":
     // the same names here place its errors, which name nodes, at their entries.
-    std::vector<std::string> names;
     bool after_batch = false;
     for (const NodeEntry& e : entries) {
       NodeContext ctx{b, e.params, base_dir_, transforms_, after_batch};
+      if (!e.schema->add)
+        fail(e.at, e.key,
+             "'" + e.schema->type +
+                 "' is made in C++ (from_range, from_producer) and cannot be "
+                 "written in YAML");
       try {
         e.schema->add(ctx);
       } catch (const ConfigError& err) {
         rethrow_at(e, err);
       }
-      const std::string base = e.schema->node_name ? e.schema->node_name(e.params) : e.schema->type;
-      std::string name = base;
-      for (int k = 2; std::find(names.begin(), names.end(), name) != names.end(); ++k)
-        name = base + "#" + std::to_string(k);
-      names.push_back(name);
       after_batch = after_batch || e.schema->type == "batch";
     }
     try {
       return options_.mix_input ? b.build_input() : b.build();
     } catch (const ConfigError& err) {
-      for (std::size_t i = 0; i < names.size(); ++i)
-        if (names[i] == err.key()) fail(entries[i].at, entries[i].key, err.what());
+      // The builder names nodes (by type, or a map by its transform, unique with "#k"): its
+      // nodes are the entries, in order.
+      const auto& built = b.nodes();
+      for (std::size_t i = 0; i < built.size() && i < entries.size(); ++i)
+        if (built[i].name == err.key()) fail(entries[i].at, entries[i].key, err.what());
       fail(nodes_key_, "nodes", err.what());
     }
   }

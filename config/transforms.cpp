@@ -1,4 +1,4 @@
-#include "graph/transforms.h"
+#include "config/transforms.h"
 
 #include <functional>
 
@@ -52,6 +52,11 @@ TransformRegistry TransformRegistry::with_builtins() {
 
 const TransformRegistry& TransformRegistry::builtin() {
   static const TransformRegistry r = with_builtins();
+  return r;
+}
+
+TransformRegistry& TransformRegistry::global() {
+  static TransformRegistry r = with_builtins();
   return r;
 }
 

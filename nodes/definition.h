@@ -1,0 +1,256 @@
+// A node's one definition: everything the rest of flowstate knows about a node type — its
+// name, phase, doc, options table (nodes/options.h), how it builds itself into a running
+// spine, and how its saved state reads back for `flowstate inspect`. The C++ builder, YAML
+// (config/), `flowstate schema` and `inspect` all derive from it; a node type is added by
+// defining one and registering it (Registry::add in config/registry.h, or a plugin).
+//
+//   const NodeDef& take_node() {
+//     static const NodeDef def = define_node<TakeOptions>(
+//         {.type = "take", .phase = Phase::kPerSample,
+//          .doc = "keeps the first `count` samples of every epoch"},
+//         [](BuildContext& ctx, const TakeOptions& o) {
+//           ctx.add(std::make_unique<TakeNode>(ctx.name(), o.count));
+//         },
+//         inspect_fields<TakeState>);
+//     return def;
+//   }
+#pragma once
+
+#include <any>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nodes/batch.h"
+#include "nodes/device_copy.h"
+#include "nodes/node.h"
+#include "nodes/options.h"
+
+namespace flowstate {
+
+/// Where a node sits in a pipeline. Phases appear in this order; the pipeline has exactly
+/// one source and one batch node.
+enum class Phase : std::uint8_t {
+  kSource,     ///< makes the Refs (records, lines, tar, iterable, mix)
+  kSpine,      ///< moves Refs by position, before any map (shard, shuffle)
+  kPerSample,  ///< works on samples before batch (map, filter, pack, user nodes like take)
+  kBatch,      ///< the batch node
+  kPerBatch,   ///< works on batches (batch maps, prefetch, device_copy)
+};
+
+/// Runs body(i) for every i in [0, n), possibly in parallel; returns when all are done. The
+/// runtime provides it, so nodes need no threading library.
+using ParallelFor = std::function<void(std::size_t n, const std::function<void(std::size_t)>&)>;
+
+/// What a source's build makes: the spine node, which is also the RecordStore.
+struct SourceParts {
+  std::unique_ptr<SpineNode> node;
+  const RecordStore* store = nullptr;  ///< points into `node`
+};
+/// Creates a source's spine node; `source_id` goes into its Refs.
+using SourceFactory = std::function<SourceParts(const std::string& name, std::uint32_t source_id)>;
+/// Creates a custom spine node; `key` is the node's random key (seed, position, type).
+using SpineFactory =
+    std::function<std::unique_ptr<SpineNode>(const std::string& name, std::uint64_t key)>;
+
+/// A complete source made in C++ (from_range, from_producer, or a user's own).
+struct SourceSpec {
+  NodeDescription description;
+  SourceFactory factory;
+  /// Collates the source's user values (unset for tensor sources); the batch node uses it
+  /// unless its options name another.
+  UserCollateFn user_collate;
+  /// Said once when the pipeline is built (e.g. "resumes by replaying from the epoch start").
+  std::vector<std::string> warnings;
+
+  /// Everything it is described by is in `description`.
+  static constexpr auto table() { return std::tuple{}; }
+  NodeDescription describe() const { return description; }
+  /// The node is named after its type ("iterable").
+  std::string base_name() const { return description.type; }
+  /// A source needs a factory.
+  void validate() const;
+};
+
+/// An instantiated stretch of a pipeline: its stateful nodes, and what reads their Refs.
+struct Chain {
+  std::vector<std::unique_ptr<SpineNode>> nodes;  ///< connected, in order
+  std::vector<std::unique_ptr<SampleReader>> readers;
+  const RecordStore* store = nullptr;  ///< what the next node reads Refs from
+  std::string store_name;
+  std::vector<SampleStage> stages;  ///< per-sample maps since `store`
+};
+
+/// What a node's build function adds itself to: one running spine (graph/spine.h implements
+/// it). Called once per node each time a Loader starts or restores.
+class BuildContext {
+ public:
+  virtual ~BuildContext() = default;
+  /// The node's unique name in the pipeline ("shuffle", "map#2").
+  virtual const std::string& name() const = 0;
+  /// The node's random key, from the pipeline seed, its position and its type.
+  virtual std::uint64_t key() const = 0;
+  /// The key of a per-sample or per-batch map's element generator (seed and position).
+  virtual std::uint64_t map_key() const = 0;
+  /// The source id a source or a store made here puts into its Refs.
+  virtual std::uint32_t source_id() const = 0;
+  /// The store the upstream's Refs are read from (null for a source).
+  virtual const RecordStore* store() const = 0;
+  /// Reads the upstream's Refs as they are at this node: the store with the maps since it.
+  virtual const SampleReader* reader() = 0;
+  /// The runtime's parallel loop.
+  virtual const ParallelFor& parallel_for() const = 0;
+
+  /// Appends a stateful node that moves the upstream's Refs.
+  virtual void add(std::unique_ptr<SpineNode> node) = 0;
+  /// Appends a node whose Refs later nodes read through `store` (a source, pack, mix).
+  virtual void add_store(std::unique_ptr<SpineNode> node, const RecordStore* store) = 0;
+  /// Adds a per-sample map (before batch).
+  virtual void add_sample_map(SampleFn fn) = 0;
+  /// Adds a per-batch map (after batch).
+  virtual void add_batch_map(BatchFn fn) = 0;
+  /// The batch node.
+  virtual void set_batch(BatchOptions options) = 0;
+  /// How a source's user values are collated when the batch node names no collate.
+  virtual void set_user_collate(UserCollateFn fn) = 0;
+  virtual void set_prefetch(std::size_t depth) = 0;
+  virtual void set_device(DeviceCopyOptions options) = 0;
+  /// Number of input pipelines of this node (a mix's inputs).
+  virtual std::size_t inputs() const = 0;
+  /// Instantiates input pipeline `i`; its Refs carry source id `i`.
+  virtual Chain build_input(std::size_t i) = 0;
+};
+
+/// Reads a node's saved state back as a JSON object (text), for `flowstate inspect`.
+struct InspectContext {
+  /// The canonical value of one of the node's parameters in the checkpoint ("" if absent).
+  std::function<std::string(const std::string& key)> param;
+  /// Decodes entries nested in the state (a mix input's nodes, see load_entries) to a JSON
+  /// list, the same way; `canonical` is that input's description ("{k=v; k=v}").
+  std::function<std::string(const std::vector<StampEntry>& entries, const std::string& canonical)>
+      nested;
+};
+using InspectFn = std::function<std::string(InArchive& ar, const InspectContext& ctx)>;
+
+/// A node type's one definition. Definitions live for the whole program (return a static).
+struct NodeDef {
+  std::string type;  ///< the YAML name and the description's type
+  Phase phase = Phase::kPerSample;
+  std::string doc;  ///< one line
+  std::vector<ParamSchema> params;
+  /// YAML parameters to options (held in a std::any of the node's options type).
+  std::function<std::any(const Params&, const std::filesystem::path& base_dir)> from_params;
+  /// The checks of the options table and the options' validate(); throws ConfigError.
+  std::function<void(const std::any&, const std::string& node)> validate;
+  /// The canonical description (fingerprint, `flowstate validate`).
+  std::function<NodeDescription(const std::any&)> describe;
+  /// Builds the node into a running spine.
+  std::function<void(BuildContext&, const std::any&)> build;
+  /// The node's name before "#2" suffixes, when it is not `type` (map: its function's name).
+  std::function<std::string(const std::any&)> base_name;
+  /// Completes options when the node is added to a pipeline (shard reads the launcher's
+  /// rank and world then); null: the options as given.
+  std::function<std::any(const std::any&)> resolve;
+  /// The node's own worker count (a map's `workers`); null or nullopt: the pipeline's.
+  std::function<std::optional<int>(const std::any&)> workers;
+  /// Decodes the node's saved state; null for a node that keeps none.
+  InspectFn inspect;
+};
+
+/// What define_node needs besides the options and the build function.
+struct NodeInfo {
+  std::string type;
+  Phase phase = Phase::kPerSample;
+  std::string doc;
+};
+
+/// A definition whose parameters, YAML reading, checks and description all come from the
+/// options table of `O`. `O` may define `NodeDescription describe() const` (used instead of
+/// the table's description) and `std::string base_name() const`.
+template <OptionsTable O>
+NodeDef define_node(NodeInfo info, std::function<void(BuildContext&, const O&)> build,
+                    InspectFn inspect = nullptr) {
+  NodeDef d;
+  d.type = std::move(info.type);
+  d.phase = info.phase;
+  d.doc = std::move(info.doc);
+  d.params = schema_of<O>();
+  d.from_params = [](const Params& p, const std::filesystem::path& base) -> std::any {
+    return options_from<O>(p, base);
+  };
+  d.validate = [](const std::any& o, const std::string& node) {
+    validate_fields(std::any_cast<const O&>(o), node);
+  };
+  d.describe = [type = d.type](const std::any& a) {
+    const O& o = std::any_cast<const O&>(a);
+    if constexpr (requires { o.describe(); }) {
+      return o.describe();
+    } else {
+      return NodeDescription{type, describe_fields(o)};
+    }
+  };
+  d.build = [build = std::move(build)](BuildContext& ctx, const std::any& o) {
+    build(ctx, std::any_cast<const O&>(o));
+  };
+  if constexpr (requires(const O& o) { o.base_name(); }) {
+    d.base_name = [](const std::any& a) { return std::any_cast<const O&>(a).base_name(); };
+  }
+  if constexpr (requires(const O& o) { O(o.resolved()); }) {
+    d.resolve = [](const std::any& a) -> std::any { return std::any_cast<const O&>(a).resolved(); };
+  }
+  if constexpr (requires(const O& o) { std::optional<int>(o.workers); }) {
+    d.workers = [](const std::any& a) -> std::optional<int> {
+      return std::any_cast<const O&>(a).workers;
+    };
+  }
+  d.inspect = std::move(inspect);
+  return d;
+}
+
+/// The definition of a source made in C++ (options: a SourceSpec). Its stamp entries carry
+/// the description's type ("iterable").
+const NodeDef& source_node();
+
+/// Builds the text of a JSON object, for InspectFn.
+class JsonObject {
+ public:
+  JsonObject& add(const std::string& key, std::uint64_t v);
+  JsonObject& add(const std::string& key, bool v);
+  JsonObject& add(const std::string& key, const std::string& v);
+  /// `json` is already JSON text (an object, a list, null).
+  JsonObject& add_raw(const std::string& key, const std::string& json);
+  std::string str() const { return text_ + "}"; }
+
+ private:
+  std::string text_ = "{";
+};
+
+/// A state struct's inspectable fields: `static constexpr auto inspect_fields()` returning a
+/// tuple of (key, member) pairs of unsigned integers and bools.
+template <class S>
+concept InspectableState = requires {
+  S::inspect_fields();
+};
+
+/// An InspectFn for a state struct with inspect_fields().
+template <InspectableState S>
+std::string inspect_fields(InArchive& ar, const InspectContext&) {
+  S s;
+  ar(s);
+  JsonObject j;
+  std::apply(
+      [&](const auto&... f) {
+        (j.add(f.first, static_cast<std::conditional_t<
+                            std::is_same_v<std::remove_cvref_t<decltype(s.*(f.second))>, bool>,
+                            bool, std::uint64_t>>(s.*(f.second))),
+         ...);
+      },
+      S::inspect_fields());
+  return j.str();
+}
+
+}  // namespace flowstate

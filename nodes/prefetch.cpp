@@ -1,0 +1,14 @@
+#include "nodes/prefetch.h"
+
+namespace flowstate {
+
+const NodeDef& prefetch_node() {
+  static const NodeDef def = define_node<PrefetchOptions>(
+      {.type = "prefetch",
+       .phase = Phase::kPerBatch,
+       .doc = "how many batches may be prepared ahead of the consumer"},
+      [](BuildContext& ctx, const PrefetchOptions& o) { ctx.set_prefetch(o.depth); });
+  return def;
+}
+
+}  // namespace flowstate
