@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "bench/bench_data.h"
-#include "bench/harness.h"
 #include "core/error.h"
+#include "graph/harness.h"
 #include "graph/loader.h"
 #include "nodes/sources/mapped_file.h"
 

@@ -1,8 +1,8 @@
-// `flowstate bench`: measures a YAML pipeline with the benchmark harness (bench/harness.h):
+// `flowstate bench`: measures a YAML pipeline with the benchmark harness (graph/harness.h):
 // samples/s, MB/s, time to first batch, peak memory, and where the time went per stage.
-#include "bench/harness.h"
 #include "cli/command.h"
 #include "core/hash.h"
+#include "graph/harness.h"
 
 namespace flowstate::cli {
 namespace {

@@ -30,16 +30,6 @@ namespace flowstate::cli {
 FLOWSTATE_CLI_COMMANDS(FLOWSTATE_DECLARE)
 #undef FLOWSTATE_DECLARE
 
-#if !defined(FLOWSTATE_CLI_BENCH)
-// Built without the benchmark harness (FLOWSTATE_BUILD_BENCH=OFF): say so.
-int cmd_bench(std::span<const std::string>) {
-  std::fprintf(stderr,
-               "flowstate: error: this flowstate was built without the benchmark harness; "
-               "configure with -DFLOWSTATE_BUILD_BENCH=ON\n");
-  return kExitUsage;
-}
-#endif
-
 namespace {
 
 struct Command {

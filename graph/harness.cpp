@@ -1,4 +1,4 @@
-#include "bench/harness.h"
+#include "graph/harness.h"
 
 #include <sys/resource.h>
 

@@ -1,7 +1,7 @@
 // The pipeline benchmark harness: runs a Pipeline's Loader for a fixed number of batches and
 // reports throughput (samples/s, MB/s), time to first batch, memory, and where the time went
-// (per-stage busy time and who waited on whom, from Loader::stats()). Used by
-// `flowstate bench` and by the W1 programs in bench/.
+// (per-stage busy time and who waited on whom, from Loader::stats()). Part of the library, so
+// `flowstate bench`, the programs in bench/ and a user's own program measure the same way.
 //
 //   BenchReport r = run_bench(pipeline, {.steps = 500, .warmup = 50, .repeat = 3});
 //   std::puts(format_report(r).c_str());
@@ -70,6 +70,7 @@ struct RunReport {
 struct Summary {
   double median = 0, min = 0, max = 0;
 };
+/// The median, min and max of `values`; all 0 when it is empty.
 Summary summarize(std::vector<double> values);
 
 /// Everything run_bench measured.
