@@ -144,6 +144,11 @@ struct NodeDef {
   std::vector<ParamSchema> params;
   /// YAML parameters to options (held in a std::any of the node's options type).
   std::function<std::any(const Params&, const std::filesystem::path& base_dir)> from_params;
+  /// The options type's defaults (`O{}`): what a YAML node gets for every parameter it omits.
+  std::function<std::any()> defaults;
+  /// Every option's value by key (nullopt: an unset optional), for checks and tools.
+  std::function<std::vector<std::pair<std::string, std::optional<ParamValue>>>(const std::any&)>
+      values;
   /// The checks of the options table and the options' validate(); throws ConfigError.
   std::function<void(const std::any&, const std::string& node)> validate;
   /// The canonical description (fingerprint, `flowstate validate`).
@@ -182,6 +187,8 @@ NodeDef define_node(NodeInfo info, std::function<void(BuildContext&, const O&)> 
   d.from_params = [](const Params& p, const std::filesystem::path& base) -> std::any {
     return options_from<O>(p, base);
   };
+  d.defaults = [] { return std::any(O{}); };
+  d.values = [](const std::any& o) { return values_of(std::any_cast<const O&>(o)); };
   d.validate = [](const std::any& o, const std::string& node) {
     validate_fields(std::any_cast<const O&>(o), node);
   };

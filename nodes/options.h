@@ -311,6 +311,31 @@ void validate_fields(const O& o, const std::string& node) {
   }
 }
 
+/// Every option of `o` by key, in table order, as the ParamValue YAML would give (nullopt for
+/// an unset optional).
+template <OptionsTable O>
+std::vector<std::pair<std::string, std::optional<ParamValue>>> values_of(const O& o) {
+  std::vector<std::pair<std::string, std::optional<ParamValue>>> out;
+  std::apply(
+      [&](const auto&... f) {
+        (
+            [&] {
+              using T = std::remove_cvref_t<decltype(o.*(f.member))>;
+              const ParamType type = detail::schema_row(f).type;
+              if constexpr (detail::IsOptional<T>::value) {
+                out.emplace_back(f.key, o.*(f.member) ? std::optional<ParamValue>(detail::to_param(
+                                                            *(o.*(f.member)), type))
+                                                      : std::nullopt);
+              } else {
+                out.emplace_back(f.key, detail::to_param(o.*(f.member), type));
+              }
+            }(),
+            ...);
+      },
+      O::table());
+  return out;
+}
+
 /// The canonical parameters of `o`, in table order (see FieldSpec::describe_if and text).
 template <OptionsTable O>
 std::vector<DescribedParam> describe_fields(const O& o) {

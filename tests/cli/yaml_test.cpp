@@ -277,6 +277,56 @@ TEST(Registry, EveryBuiltinParameterHasADocAndAConsistentDefault) {
             (std::vector<std::string>{"records", "lines", "tar", "mix"}));
 }
 
+TEST(YamlPipeline, ManyNodesGetUniqueNamesInOrder) {
+  // 2 000 maps of one transform: named map-style "cast", "cast#2", ... "cast#2000", built in
+  // time linear in the node count (bench/RESULTS.md has the time).
+  std::string text = "source: {type: records, paths: data/*.bin, record_bytes: 64}\nnodes:\n";
+  for (int i = 0; i < 2000; ++i) text += "  - map: {fn: cast, dtype: uint8}\n";
+  text += "  - batch: {size: 8}\n";
+  Pipeline p = load_yaml_string(text, "p.yaml").pipeline;
+  ASSERT_EQ(p.nodes().size(), 2002u);
+  EXPECT_EQ(p.nodes()[1].name, "cast");
+  EXPECT_EQ(p.nodes()[2].name, "cast#2");
+  EXPECT_EQ(p.nodes()[2000].name, "cast#2000");
+}
+
+TEST(YamlErrors, TooManyNodesIsRefusedWithTheLimit) {
+  // 100 000 nodes from one alias: refused before any is built, not expanded for minutes.
+  std::string text =
+      "source: {type: records, paths: data/*.bin, record_bytes: 64}\nnodes:\n"
+      "  - &p prefetch\n";
+  for (int i = 1; i < 100000; ++i) text += "  - *p\n";
+  expect_error(text, "nodes",
+               "p.yaml:3:3: nodes: the pipeline has 100000 nodes; at most 10000 are allowed");
+}
+
+TEST(Registry, SchemaDefaultsAreTheOptionsDefaults) {
+  // For every node type: the defaults YAML fills in (its schema) read back to exactly the
+  // options type's own defaults, Options{}, option by option.
+  int checked = 0;
+  for (const auto& n : Registry::builtin().nodes()) {
+    if (n.def == nullptr || !n.def->from_params) continue;
+    SCOPED_TRACE(n.type);
+    std::vector<std::pair<std::string, ParamValue>> given;
+    for (const auto& p : n.def->params)
+      if (p.default_value) given.emplace_back(p.name, *p.default_value);
+    const auto from_yaml = n.def->values(n.def->from_params(Params(n.type, given), {}));
+    const auto defaults = n.def->values(n.def->defaults());
+    EXPECT_EQ(from_yaml, defaults);
+    for (const auto& p : n.def->params) {
+      SCOPED_TRACE(p.name);
+      auto it = std::find_if(defaults.begin(), defaults.end(),
+                             [&](const auto& d) { return d.first == p.name; });
+      ASSERT_NE(it, defaults.end());
+      if (p.default_value) {
+        EXPECT_EQ(it->second, p.default_value);
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
+}
+
 // ---- errors: file, line, column, key path ----
 
 TEST(YamlErrors, UnknownParameterSuggestsTheClosestOne) {
