@@ -11,11 +11,13 @@
 //   epochs: 1                    # optional; 0 runs until stopped
 //   workers: 2                   # optional, free
 //   checkpoint: {dir: ckpt, every_steps: 1000, keep: 3}   # optional, read by `flowstate run`
+//   plugins: [lib/libmy_nodes.so] # optional: libraries adding node types (config/plugins.h),
+//                                 # loaded before the nodes are read; relative to this file
 //
 //   Pipeline p = from_yaml_file("pipeline.yaml");
 //
-// Every node's parameters are checked against its schema (graph/registry.h, and the map
-// transform's, graph/transforms.h). Unknown keys, unknown node types, wrong types,
+// Every node's parameters are checked against its schema (config/registry.h, and the map
+// transform's, config/transforms.h). Unknown keys, unknown node types, wrong types,
 // out-of-range values and missing required keys throw ConfigError whose key() is the key
 // path ("nodes[2].shuffle.size") and whose message is "file:line:column: key: problem"
 // (1-based). Relative paths in the YAML (source paths, checkpoint.dir) resolve against the
@@ -44,8 +46,8 @@ struct YamlOptions {
   /// Directory relative paths resolve against. Unset: the YAML file's directory for files,
   /// the current directory for strings.
   std::optional<std::filesystem::path> base_dir;
-  const Registry* registry = nullptr;             ///< null: Registry::builtin()
-  const TransformRegistry* transforms = nullptr;  ///< null: TransformRegistry::builtin()
+  const Registry* registry = nullptr;             ///< null: Registry::global()
+  const TransformRegistry* transforms = nullptr;  ///< null: TransformRegistry::global()
   /// Loads an input of a `mix` (Pipeline::Builder::build_input): a source with shard,
   /// shuffle, filter and per-sample maps, no batch.
   bool mix_input = false;

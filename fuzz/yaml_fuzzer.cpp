@@ -1,4 +1,4 @@
-// libFuzzer target: the YAML pipeline loader (graph/yaml.h), overrides included.
+// libFuzzer target: the YAML pipeline loader (config/yaml.h), overrides included.
 #include <cstddef>
 #include <cstdint>
 
