@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "nodes/definition.h"
 
 namespace flowstate {
 
@@ -16,24 +15,6 @@ void BatchOptions::validate() const {
                       "fields and pad_value apply to collate: pad or ragged");
 }
 
-const NodeDef& batch_node() {
-  static const NodeDef def = define_node<BatchOptions>(
-      {.type = "batch",
-       .phase = Phase::kBatch,
-       .doc = "groups samples into batches, one contiguous [B, ...] tensor per field"},
-      [](BuildContext& ctx, const BatchOptions& o) { ctx.set_batch(o); },
-      [](InArchive& ar, const InspectContext&) {
-        BatchState s;
-        ar(s);
-        return JsonObject()
-            .add("epoch", s.epoch)
-            .add("next_step", s.step)
-            .add("next_index_in_epoch", s.index_in_epoch)
-            .add("epoch_started", s.started)
-            .str();
-      });
-  return def;
-}
 
 bool SkipRanges::contains(std::uint64_t step) const {
   auto it = std::upper_bound(ranges.begin(), ranges.end(), step,
