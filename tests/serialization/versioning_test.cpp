@@ -6,6 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "config/inspect.h"
 #include "core/error.h"
 #include "graph/loader.h"
 #include "serialization/checkpoint.h"
@@ -62,6 +65,44 @@ TEST_F(StateVersions, LoadsACheckpointOfTheCurrentVersions) {
   // Every state struct at version 1. If this fails, a struct's layout changed without a
   // version bump and a version branch: old checkpoints would no longer load.
   expect_resumes_exactly("current-v1");
+}
+
+TEST_F(StateVersions, LoadsACheckpointOfTheEntryStampFormat) {
+  // Node states as length-prefixed entries (the node API's stamp), written by `flowstate run`
+  // from the YAML form of the same pipeline.
+  expect_resumes_exactly("entries-v1");
+}
+
+TEST_F(StateVersions, InspectReadsBothStampFormatsThroughTheNodeDefinitions) {
+  for (const std::string name : {"current-v1", "entries-v1"}) {
+    SCOPED_TRACE(name);
+    const auto found = read_checkpoint(kFixtures + "/" + name + "/step-000000000010");
+    const PipelineState s = PipelineState::decode(found.state);
+    const auto nodes = nlohmann::json::parse(describe_node_states(s.spine, s.canonical, name));
+    ASSERT_EQ(nodes.size(), 3u);
+    EXPECT_EQ(nodes[0]["name"], "records");
+    EXPECT_EQ(nodes[0]["state"]["cursor"], 0);
+    EXPECT_EQ(nodes[1]["type"], "shuffle");
+    EXPECT_EQ(nodes[1]["state"]["draws"], 160);
+    EXPECT_EQ(nodes[1]["state"]["keyframe"]["draws"], 128);
+    EXPECT_EQ(nodes[2]["state"]["next_step"], 10);
+  }
+}
+
+TEST_F(StateVersions, InspectShowsANodeOfAnUnknownTypeBySize) {
+  // A registry without the shuffle (as a pipeline whose plugin is not loaded): its entry is
+  // shown by size and the nodes after it are still decoded.
+  Registry without;
+  for (const auto& n : Registry::builtin().nodes())
+    if (n.type != "shuffle") without.add(n);
+  const auto found = read_checkpoint(kFixtures + "/entries-v1/step-000000000010");
+  const PipelineState s = PipelineState::decode(found.state);
+  const auto nodes =
+      nlohmann::json::parse(describe_node_states(s.spine, s.canonical, "entries-v1", without));
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_EQ(nodes[1]["unknown_type"], true);
+  EXPECT_GT(nodes[1]["state_bytes"].get<int>(), 0);
+  EXPECT_EQ(nodes[2]["state"]["next_step"], 10);
 }
 
 TEST_F(StateVersions, WritesTheManifestFormatTheFixtureHas) {
