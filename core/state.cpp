@@ -32,12 +32,10 @@ void load_bounded(InArchive& ar, std::string& s) {
 }
 
 namespace {
+
 /// First word of a stamp of the entry format. A stamp of the first format starts with its
 /// node count, which is never this large.
 constexpr std::uint32_t kStampEntries = 0x46535432;  // "FST2"
-}  // namespace
-
-namespace {
 
 void put_bytes(OutArchive& ar, std::string_view s) {
   ar(static_cast<std::uint32_t>(s.size()));
