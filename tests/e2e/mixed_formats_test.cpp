@@ -123,8 +123,8 @@ TEST_F(MixedFormats, YamlAndCppPipelinesAgree) {
 
 TEST_F(MixedFormats, ResumesExactlyAtEveryBreakpointWithOtherWorkerCounts) {
   auto make = [&] { return from_yaml_file(dir_ / "pipeline.yaml"); };
-  testing::check_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
-  testing::check_save_restore(make, {.epochs = 2, .workers = 3}, {.epochs = 2, .workers = 1});
+  testing::expect_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 3}, {.epochs = 2, .workers = 1});
 }
 
 TEST_F(MixedFormats, ResumesFromADurableCheckpoint) {

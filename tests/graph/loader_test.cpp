@@ -211,7 +211,7 @@ TEST_F(LoaderTest, HandlesOneByteAndOneMebibyteRecords) {
       samples += b->info.num_samples;
     }
     EXPECT_EQ(samples, n);
-    testing::check_save_restore(make, {.epochs = 2}, {.epochs = 2, .workers = 4});
+    testing::expect_save_restore(make, {.epochs = 2}, {.epochs = 2, .workers = 4});
   }
 }
 

@@ -149,7 +149,7 @@ TEST_F(CollateTest, PaddedBatchesResumeExactly) {
             {.size = 3, .collate = CollateMode::kPad, .fields = {"ids", "pair"}, .pad_value = -2})
         .build();
   };
-  testing::check_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
 }
 
 }  // namespace

@@ -118,7 +118,7 @@ TEST_F(FilterTest, DroppingAWholeBatchWorthKeepsPositionsExact) {
       ++n;
     }
   EXPECT_EQ(n, 52u);
-  testing::check_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
 }
 
 TEST_F(FilterTest, SeesEarlierMapsAndPassesTheSaveRestoreOracle) {
@@ -142,8 +142,8 @@ TEST_F(FilterTest, SeesEarlierMapsAndPassesTheSaveRestoreOracle) {
   Loader l(make(), {.epochs = 1});
   while (auto b = l.next())
     for (auto c : (*b)["coin"].values<std::uint64_t>()) EXPECT_NE(c, 0u);
-  testing::check_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 4});
-  testing::check_save_restore(make, {.epochs = 2, .workers = 3}, {.epochs = 2, .workers = 1});
+  testing::expect_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 4});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 3}, {.epochs = 2, .workers = 1});
 }
 
 TEST_F(FilterTest, SkipsAcrossAnUnknownLengthEpochKeepLastExact) {

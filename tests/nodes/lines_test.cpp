@@ -537,7 +537,7 @@ TEST(LinesSource, SurvivesSaveAndRestoreOfTextLines) {
         .batch({.size = 16})
         .build();
   };
-  testing::check_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
 }
 
 TEST(LinesSource, SurvivesSaveAndRestoreOfJsonLinesWithAMap) {
@@ -567,7 +567,7 @@ TEST(LinesSource, SurvivesSaveAndRestoreOfJsonLinesWithAMap) {
         .batch({.size = 32})
         .build();
   };
-  testing::check_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
 }
 
 TEST(LinesSource, AGlobOfEveryFileSkipsTheIndexCaches) {

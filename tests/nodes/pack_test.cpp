@@ -115,8 +115,8 @@ TEST_F(PackTest, PassesTheSaveRestoreOracleWithShuffleAndWorkers) {
         .batch({.size = 3})
         .build();
   };
-  testing::check_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
-  testing::check_save_restore(make, {.epochs = 2, .workers = 4}, {.epochs = 2, .workers = 1});
+  testing::expect_save_restore(make, {.epochs = 3, .workers = 1}, {.epochs = 3, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 4}, {.epochs = 2, .workers = 1});
 }
 
 TEST_F(PackTest, StateHoldsTheCarryByReferenceNotTokens) {
@@ -144,7 +144,7 @@ TEST_F(PackTest, StateHoldsTheCarryByReferenceNotTokens) {
   }
   EXPECT_LT(large, 1024u) << "tokens would take 40 KB per document";
   EXPECT_LE(large - small, 16u);
-  testing::check_save_restore(make, {.epochs = 1, .workers = 2}, {.epochs = 1, .workers = 1});
+  testing::expect_save_restore(make, {.epochs = 1, .workers = 2}, {.epochs = 1, .workers = 1});
 }
 
 TEST_F(PackTest, RejectsNonTokenFieldsWithTheRecord) {

@@ -260,7 +260,7 @@ class PipelineOracle : public ::testing::Test {
     return b;
   }
   void oracle(const std::function<Pipeline()>& make) {
-    testing::check_save_restore(make, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 3});
+    testing::expect_save_restore(make, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 3});
   }
   TempDir dir_;
   std::string glob_;

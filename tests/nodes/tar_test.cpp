@@ -386,7 +386,7 @@ TEST(TarSource, SurvivesSaveAndRestore) {
         .batch({.size = 16})
         .build();
   };
-  testing::check_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
 }
 
 // ---- options ----

@@ -1,5 +1,6 @@
 // Shared test helpers: temporary directories, generated record files, and the save/restore
-// oracle of STYLE.md.
+// oracle of STYLE.md as a GoogleTest expectation (the oracle itself, BatchTrace and drain are
+// the library's: graph/testing.h).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "graph/loader.h"
+#include "graph/testing.h"
 
 namespace flowstate::testing {
 
@@ -37,26 +39,10 @@ std::string write_records(const std::string& dir, std::uint64_t records, std::si
 /// The global index stored at the start of a record of at least 8 bytes.
 std::uint64_t record_index(const std::byte* record);
 
-/// A compact, comparable trace of one delivered batch.
-struct BatchTrace {
-  std::uint64_t step, epoch, index_in_epoch;
-  bool last;
-  std::uint32_t remainder;
-  std::uint64_t digest;
-  bool operator==(const BatchTrace&) const = default;
-};
-std::ostream& operator<<(std::ostream& os, const BatchTrace& t);
-BatchTrace trace(const Batch& b);
-
-/// Drains `loader` (at most `limit` batches) into traces.
-std::vector<BatchTrace> drain(Loader& loader, std::size_t limit = SIZE_MAX);
-
-/// The save/restore oracle (STYLE.md): runs `make()` uninterrupted; then for every
-/// breakpoint k, consumes k batches, saves the state, destroys the loader, builds a fresh one
-/// (with `restore_options`), loads the state and drains it; the concatenation must equal the
-/// uninterrupted run byte for byte. Breakpoints: 0, 1, mid first epoch, the last batch of the
-/// first epoch, the epoch's end, mid second epoch, and the end. Uses GoogleTest assertions.
-void check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
-                        LoaderOptions restore_options);
+/// The save/restore oracle of graph/testing.h (check_save_restore), as a GoogleTest
+/// expectation: fails the test with the report's summary (every failed breakpoint and its
+/// first differing batch) unless every breakpoint reproduced the uninterrupted run.
+void expect_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
+                         LoaderOptions restore_options);
 
 }  // namespace flowstate::testing

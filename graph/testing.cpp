@@ -1,0 +1,129 @@
+#include "graph/testing.h"
+
+#include <exception>
+#include <ostream>
+#include <set>
+
+#include "core/hash.h"
+
+namespace flowstate::testing {
+
+std::string BatchTrace::to_string() const {
+  return "{step " + std::to_string(step) + " epoch " + std::to_string(epoch) + " index " +
+         std::to_string(index_in_epoch) + (last ? " last" : "") + " samples " +
+         std::to_string(num_samples) + " rem " + std::to_string(remainder) + " digest " +
+         hex64(digest) + "}";
+}
+
+std::ostream& operator<<(std::ostream& os, const BatchTrace& t) { return os << t.to_string(); }
+
+BatchTrace trace(const Batch& b) {
+  return {b.info.step,
+          b.info.epoch,
+          b.info.index_in_epoch,
+          b.info.is_last_in_epoch,
+          b.info.num_samples,
+          b.info.remainder,
+          b.digest()};
+}
+
+std::vector<BatchTrace> drain(Loader& loader, std::size_t limit) {
+  std::vector<BatchTrace> out;
+  while (out.size() < limit) {
+    auto b = loader.next();
+    if (!b) break;
+    out.push_back(trace(*b));
+  }
+  return out;
+}
+
+std::string OracleReport::summary() const {
+  std::string breaks;
+  for (std::size_t k : breakpoints) breaks += (breaks.empty() ? "" : ", ") + std::to_string(k);
+  std::string out = "save/restore oracle: " + std::to_string(batches) +
+                    " batches uninterrupted; breakpoints after " +
+                    (breaks.empty() ? std::string("none") : breaks) + " batches: ";
+  if (ok()) return out + "every restore reproduced the uninterrupted run\n";
+  out += std::to_string(failures.size()) + " failed\n";
+  for (const auto& f : failures) out += "  " + f + "\n";
+  return out;
+}
+
+namespace {
+
+/// The first difference between a restored run and the uninterrupted one, or "".
+std::string first_difference(const std::vector<BatchTrace>& got,
+                             const std::vector<BatchTrace>& full) {
+  for (std::size_t i = 0; i < got.size() || i < full.size(); ++i) {
+    if (i < got.size() && i < full.size() && got[i] == full[i]) continue;
+    const std::string g = i < got.size() ? got[i].to_string() : "nothing (the run ended)";
+    const std::string e = i < full.size() ? full[i].to_string() : "nothing (the run ended)";
+    return "batch " + std::to_string(i) + " differs: got " + g + ", expected " + e + " (" +
+           std::to_string(got.size()) + " batches in all, expected " + std::to_string(full.size()) +
+           ")";
+  }
+  return "";
+}
+
+}  // namespace
+
+OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
+                                LoaderOptions restore_options) {
+  OracleReport report;
+  std::vector<BatchTrace> full;
+  {
+    Loader l(make(), options);
+    full = drain(l);
+  }
+  report.batches = full.size();
+  if (full.empty()) {
+    report.failures.push_back("the oracle needs a pipeline that produces batches");
+    return report;
+  }
+  std::set<std::size_t> breaks{0, 1, full.size() / 5, full.size()};
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    if (full[i].epoch == 0 && full[i].last) {
+      breaks.insert(i);      // after consuming the batch before the epoch's last one
+      breaks.insert(i + 1);  // exactly at the epoch's end
+    }
+    if (full[i].epoch == 1 && full[i].index_in_epoch == 0) breaks.insert(i + (full.size() - i) / 2);
+  }
+  for (std::size_t k : breaks) {
+    if (k > full.size()) continue;
+    report.breakpoints.push_back(k);
+    const std::string where = "breakpoint after " + std::to_string(k) + " batches: ";
+    const char* doing = "consuming";
+    try {
+      std::string state;
+      std::vector<BatchTrace> got;
+      {
+        Loader l(make(), options);
+        got = drain(l, k);
+        if (got.size() != k) {
+          report.failures.push_back(where + "the run ended after " + std::to_string(got.size()) +
+                                    " batches");
+          continue;
+        }
+        doing = "saving";
+        state = l.state();
+      }
+      doing = "restoring";
+      Loader resumed(make(), restore_options);
+      resumed.load_state(state);
+      doing = "draining the restored run";
+      auto rest = drain(resumed);
+      got.insert(got.end(), rest.begin(), rest.end());
+      if (std::string d = first_difference(got, full); !d.empty())
+        report.failures.push_back(where + d);
+    } catch (const std::exception& e) {
+      report.failures.push_back(where + doing + " threw: " + e.what());
+    }
+  }
+  return report;
+}
+
+OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options) {
+  return check_save_restore(make, options, options);
+}
+
+}  // namespace flowstate::testing
