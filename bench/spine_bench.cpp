@@ -13,9 +13,14 @@
 //   BM_LoaderState/<size>          Loader::state() on a running W1-shaped loader
 //   BM_LoaderStateEvery100/<size>  the same with 100 batches between calls (a checkpoint
 //                                  every 100 steps: usually a new shuffle key-frame to encode)
+//   BM_OpenRecords/<files>         opening a `records` source of <files> files of 1 MiB
+//                                  (mmap + data identity); counter state_bytes: its state
+//   BM_DataIdentity/<files>        the data identity alone (4 sampled 4 KiB blocks per file)
 #include <benchmark/benchmark.h>
 
+#include <map>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 #include "bench/bench_data.h"
@@ -196,6 +201,45 @@ void BM_LoaderStateEvery100(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_LoaderStateEvery100)->ArgName("shuffle")->Arg(16384);
+
+/// `files` files of 1 MiB (16 Ki records of 64 bytes), written once per file count.
+const std::string& identity_glob(std::uint64_t files) {
+  static ScratchDir dir("flowstate-identity-bench");
+  static std::map<std::uint64_t, std::string> globs;
+  auto& g = globs[files];
+  if (g.empty())
+    g = write_records(dir.path() + "/" + std::to_string(files), files << 14, 64,
+                      static_cast<std::size_t>(files));
+  return g;
+}
+
+void BM_OpenRecords(benchmark::State& state) {
+  const std::string& glob = identity_glob(static_cast<std::uint64_t>(state.range(0)));
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    RecordsSource source("records", {.paths = {glob}, .record_bytes = 64});
+    benchmark::DoNotOptimize(source.size(0));
+    if (bytes == 0) {
+      std::ostringstream os(std::ios::binary);
+      {
+        OutArchive ar(os);
+        source.snapshot()->save(ar);
+      }
+      bytes = os.str().size();
+    }
+  }
+  state.counters["state_bytes"] = static_cast<double>(bytes);
+}
+BENCHMARK(BM_OpenRecords)->ArgName("files")->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
+
+void BM_DataIdentity(benchmark::State& state) {
+  std::vector<std::unique_ptr<MappedFile>> maps;
+  for (const auto& f : expand_paths({identity_glob(static_cast<std::uint64_t>(state.range(0)))}))
+    maps.push_back(std::make_unique<MappedFile>(f));
+  for (auto _ : state)
+    for (const auto& m : maps) benchmark::DoNotOptimize(file_identity(m->path(), *m, 1));
+}
+BENCHMARK(BM_DataIdentity)->ArgName("files")->Arg(1)->Arg(64)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace flowstate::bench

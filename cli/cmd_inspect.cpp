@@ -110,8 +110,13 @@ int cmd_inspect(std::span<const std::string> argv) {
     out += "  " + n["name"].get<std::string>() + " (" + n["type"].get<std::string>() + "): ";
     if (n.contains("state")) {
       std::string fields;
-      for (const auto& [k, v] : n["state"].items())
-        fields += (fields.empty() ? "" : ", ") + k + " " + render_value(v);
+      for (const auto& [k, v] : n["state"].items()) {
+        // A file source's data identity: the count here, every file with --json.
+        const std::string value = k == "files" && v.is_array()
+                                      ? std::to_string(v.size()) + " (--json lists them)"
+                                      : render_value(v);
+        fields += (fields.empty() ? "" : ", ") + k + " " + value;
+      }
       out += fields + "\n";
     } else if (n.contains("unknown_type")) {
       out += "not decoded: no node type '" + n["type"].get<std::string>() +

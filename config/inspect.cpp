@@ -79,7 +79,9 @@ class Describer {
     std::istringstream is{e.bytes, std::ios::binary};
     InArchive ar(is);
     StateReadLimit limit(e.bytes.size());
-    return j.add_raw("state", def->inspect(ar, context(e.name, canonical))).str();
+    InspectContext ctx = context(e.name, canonical);
+    ctx.whole_entry = true;
+    return j.add_raw("state", def->inspect(ar, ctx)).str();
   }
 
   std::string legacy(std::string_view spine, const std::vector<CanonicalParam>& canonical) {

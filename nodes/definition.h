@@ -133,6 +133,10 @@ struct InspectContext {
   /// list, the same way; `canonical` is that input's description ("{k=v; k=v}").
   std::function<std::string(const std::vector<StampEntry>& entries, const std::string& canonical)>
       nested;
+  /// True when the archive holds this node's entry alone (the node API's stamp format), so a
+  /// state may end with optional parts; false in a first-format stamp, where the next node's
+  /// state follows.
+  bool whole_entry = false;
 };
 using InspectFn = std::function<std::string(InArchive& ar, const InspectContext& ctx)>;
 

@@ -1,16 +1,24 @@
 // FileSource: what every file-backed source (records, lines, tar) shares — records numbered
 // across files in order (record i of the source is record i - first_k of file k), O(1)
-// random access, and a cursor as its whole state. A derived source opens its files in its
-// constructor, calling add_file() once per file in order, and reads records by Ref.
+// random access, a cursor, and the identity of the data it opened (DESIGN.md §6 "Data
+// identity"): per file its name, size, item count and the hashes of a few sampled blocks,
+// computed once when the source opens and compared on restore. A derived source opens its
+// files in its constructor, calling add_file() once per file in order, and reads records by Ref.
 #pragma once
 
+#include <array>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <cereal/types/string.hpp>
 
 #include "core/error.h"
 #include "nodes/definition.h"
 #include "nodes/node.h"
 #include "nodes/options.h"
+#include "nodes/sources/mapped_file.h"
 
 namespace flowstate {
 
@@ -38,24 +46,130 @@ struct CursorState {
   }
 };
 
+/// Bytes per sampled block of a data file's identity.
+inline constexpr std::size_t kIdentityBlockBytes = 4096;
+/// Blocks sampled per file: the first, two at offsets drawn from the file's name and size, and
+/// the last.
+inline constexpr std::size_t kIdentityBlocks = 4;
+
+/// One data file as a checkpoint records it.
+struct FileIdentity {
+  /// The pattern's root as written (its directory part before the first wildcard), then the
+  /// path below that root: "data/part-00001.bin" — the same wherever the data directory lies.
+  std::string name;
+  std::uint64_t bytes = 0;                              ///< the file's size
+  std::uint64_t items = 0;                              ///< records, lines or samples
+  std::array<std::uint64_t, kIdentityBlocks> blocks{};  ///< XXH3-64 of each sampled block
+  bool operator==(const FileIdentity&) const = default;
+};
+
+/// The data a file source read: its files in record order. Immutable once the source opened.
+struct DataIdentity {
+  std::vector<FileIdentity> files;
+  template <class Archive>
+  void save(Archive& ar, std::uint32_t) const {
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(files.size())));
+    for (const auto& f : files) {
+      ar(f.name, f.bytes, f.items);
+      for (auto b : f.blocks) ar(b);
+    }
+  }
+  template <class Archive>
+  void load(Archive& ar, std::uint32_t version) {
+    require_state_version("DataIdentity", version, 1);
+    // A file takes at least 56 bytes: a corrupt count must not allocate more than the input.
+    const std::uint64_t n = load_bounded_size(ar);
+    if (n > StateReadLimit::current() / 56)
+      throw std::length_error("the data identity says " + std::to_string(n) +
+                              " files, more than its input can hold");
+    files.resize(static_cast<std::size_t>(n));
+    for (auto& f : files) {
+      load_bounded(ar, f.name);
+      ar(f.bytes, f.items);
+      for (auto& b : f.blocks) ar(b);
+    }
+  }
+};
+
+/// The offsets of the blocks sampled from a file of `bytes` bytes named `name` (see
+/// FileIdentity): fixed by the name and size, so a restore samples the same blocks.
+std::array<std::uint64_t, kIdentityBlocks> identity_offsets(const std::string& name,
+                                                            std::uint64_t bytes);
+/// The identity of one opened file: reads kIdentityBlocks blocks of at most 4 KiB.
+FileIdentity file_identity(std::string name, const MappedFile& file, std::uint64_t items);
+/// The differences between the identity in a checkpoint and the files opened now, one line
+/// each ("data/part-00002.bin was in the checkpoint and is gone"); empty when they agree.
+/// `unit` names the items ("records").
+std::vector<std::string> identity_differences(const DataIdentity& saved, const DataIdentity& now,
+                                              const std::string& unit);
+
+/// A file source's state: the cursor, and the identity of its data, shared by every snapshot
+/// (a snapshot per batch is a reference count, not a copy).
+///
+/// On disk it is a CursorState (version 1, the whole state before data identity), then a
+/// byte 1 and the DataIdentity. A state that ends after its CursorState — written before
+/// identities were recorded — restores with no identity, so nothing is compared.
+struct FileSourceState {
+  std::uint64_t epoch = 0;
+  std::uint64_t cursor = 0;                      ///< Refs emitted in this epoch
+  std::shared_ptr<const DataIdentity> identity;  ///< null: none recorded
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(CursorState{epoch, cursor});
+    if (identity) ar(std::uint8_t{1}, *identity);
+  }
+  /// Reads a state from an archive holding its entry alone (the optional identity ends it).
+  template <class Archive>
+  void load(Archive& ar) {
+    CursorState c;
+    ar(c);
+    epoch = c.epoch;
+    cursor = c.cursor;
+    identity = nullptr;
+    std::uint8_t more = 0;
+    try {
+      ar(more);
+    } catch (const cereal::Exception&) {
+      return;  // the entry ends here: written before identities were recorded
+    }
+    if (more != 1)
+      throw std::runtime_error("unexpected byte " + std::to_string(more) +
+                               " after the cursor of a file source");
+    auto loaded = std::make_shared<DataIdentity>();
+    ar(*loaded);
+    identity = std::move(loaded);
+  }
+};
+
+/// The InspectFn of file sources: epoch, cursor and, when recorded, the files (name, bytes,
+/// items, hash).
+std::string inspect_file_source(InArchive& ar, const InspectContext& ctx);
+
 /// The base of file-backed sources. Not thread-safe in its spine part; `local()` is.
-class FileSource : public StatefulSpineNode<CursorState>, public RecordStore {
+class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore {
  public:
-  /// `kind` names the source in messages ("records"); `source_id` goes into its Refs.
-  FileSource(std::string name, std::string kind, std::uint32_t source_id);
+  /// `kind` names the source in messages ("records"); `unit` its items ("records", "lines");
+  /// `source_id` goes into its Refs.
+  FileSource(std::string name, std::string kind, std::string unit, std::uint32_t source_id);
 
   std::uint64_t size(std::uint64_t) const final { return total_; }
   bool indexed() const final { return true; }
   Ref at(std::uint64_t epoch, std::uint64_t i) const final;
   void start_epoch(std::uint64_t epoch) final;
   std::size_t pull(std::span<Ref> out) final;
+  /// Loads the cursor and, when the state recorded one, compares the data's identity with the
+  /// files opened: a difference is a CheckpointError listing each, one per line.
+  void restore(InArchive& ar) final;
+  /// A first-format stamp holds a CursorState alone (no identity).
+  void restore_legacy(InArchive& ar) final;
 
   /// The files, in record order.
   const std::vector<std::string>& files() const { return files_; }
 
  protected:
-  /// Appends the next file, holding `records` records.
-  void add_file(std::string path, std::uint64_t records);
+  /// Appends the next file, holding `records` records, and records its identity under `name`
+  /// (see FileIdentity) from the mapped bytes.
+  void add_file(const ExpandedPath& path, const MappedFile& file, std::uint64_t records);
   /// The index of `ref` within its file; throws DataError naming the file for a Ref that is
   /// not one of this source's. Inline: the gather fast path calls it twice per record.
   std::uint64_t local(const Ref& ref) const {
@@ -64,7 +178,7 @@ class FileSource : public StatefulSpineNode<CursorState>, public RecordStore {
       out_of_range(ref);
     return ref.index - first_[k];
   }
-  void validate(const CursorState& s) const final;
+  void validate(const FileSourceState& s) const final;
   [[noreturn]] void out_of_range(const Ref& ref) const;
 
   std::uint32_t source_id_;
@@ -72,6 +186,8 @@ class FileSource : public StatefulSpineNode<CursorState>, public RecordStore {
 
  private:
   std::string kind_;
+  std::string unit_;
+  std::shared_ptr<DataIdentity> identity_ = std::make_shared<DataIdentity>();
   std::vector<std::uint64_t> first_{0};  ///< first global index of each file, plus the total
   std::uint64_t total_ = 0;
 };
@@ -87,3 +203,4 @@ void add_file_source(BuildContext& ctx, const Options& options) {
 }  // namespace flowstate
 
 CEREAL_CLASS_VERSION(flowstate::CursorState, 1);
+CEREAL_CLASS_VERSION(flowstate::DataIdentity, 1);

@@ -128,12 +128,12 @@ const NodeDef& lines_node() {
        .phase = Phase::kSource,
        .doc = "text or JSON Lines shards; a byte-offset index is cached beside each file"},
       [](BuildContext& ctx, const LinesOptions& o) { add_file_source<LinesSource>(ctx, o); },
-      inspect_fields<CursorState>);
+      inspect_file_source);
   return def;
 }
 
 LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t source_id)
-    : FileSource(std::move(name), "lines", source_id),
+    : FileSource(std::move(name), "lines", "lines", source_id),
       options_(std::move(options)),
       field_(field_id(options_.field)) {
   validate_fields(options_, "lines");
@@ -141,11 +141,12 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
 
   // Which lines are records depends on skip_empty, so it is part of the index's kind.
   const std::string kind = options_.skip_empty ? "lines/1 skip_empty" : "lines/1";
-  for (const auto& f : expand_paths(options_.paths, options_.base_dir)) {
+  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
+    const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);
     auto index =
         load_index<std::uint64_t>(*m, kind, [&] { return scan_lines(*m, options_.skip_empty); });
-    add_file(f, index.entries.size());
+    add_file(named, *m, index.entries.size());
     starts_.push_back(std::move(index.entries));
     maps_.push_back(std::move(m));
   }

@@ -60,9 +60,29 @@ bool is_index_cache(std::string_view path) {
 
 }  // namespace
 
+namespace {
+
+/// The directory part of `pattern` before its first wildcard, with its trailing '/' ("" when
+/// the pattern has none).
+std::string pattern_root(const std::string& pattern) {
+  const std::size_t wild = pattern.find_first_of("*?[");
+  const std::size_t slash =
+      pattern.rfind('/', wild == std::string::npos ? std::string::npos : wild);
+  return slash == std::string::npos ? "" : pattern.substr(0, slash + 1);
+}
+
+}  // namespace
+
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
                                       const std::filesystem::path& base_dir) {
   std::vector<std::string> out;
+  for (auto& f : expand_named_paths(patterns, base_dir)) out.push_back(std::move(f.path));
+  return out;
+}
+
+std::vector<ExpandedPath> expand_named_paths(const std::vector<std::string>& patterns,
+                                             const std::filesystem::path& base_dir) {
+  std::vector<ExpandedPath> out;
   std::set<std::string> seen;
   for (const auto& written : patterns) {
     const std::filesystem::path w(written);
@@ -80,8 +100,17 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
     if (matches.empty())
       throw DataError(pattern, DataError::kNoOffset, "no file matches '" + pattern + "'");
     std::sort(matches.begin(), matches.end());
-    for (auto& m : matches)
-      if (seen.insert(m).second) out.push_back(std::move(m));
+    // glob keeps the pattern's literal directories as given, so each match starts with the
+    // resolved pattern's root; `pattern` ends with `written`.
+    const std::string root = pattern_root(written);
+    const std::size_t resolved_root = pattern.size() - written.size() + root.size();
+    for (auto& m : matches) {
+      if (!seen.insert(m).second) continue;
+      std::string name = m.compare(0, resolved_root, pattern, 0, resolved_root) == 0
+                             ? root + m.substr(resolved_root)
+                             : m;
+      out.push_back({std::move(m), std::move(name)});
+    }
   }
   return out;
 }

@@ -28,6 +28,18 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
+/// A file a pattern matched.
+struct ExpandedPath {
+  std::string path;  ///< as opened (base_dir applied)
+  /// The pattern's root as written — its directory part before the first wildcard — then the
+  /// path below it: the same wherever base_dir, or an absolute root's directory, lies.
+  std::string name;
+};
+
+/// expand_paths, with each file's name (see ExpandedPath).
+std::vector<ExpandedPath> expand_named_paths(const std::vector<std::string>& patterns,
+                                             const std::filesystem::path& base_dir = {});
+
 /// Expands `patterns` (plain paths or globs): each pattern's matches in sorted order,
 /// patterns in the given order, duplicates dropped, flowstate's index caches (*.fsidx) left
 /// out. A relative pattern is taken relative to `base_dir` when one is given (a YAML file's

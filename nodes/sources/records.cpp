@@ -13,23 +13,24 @@ const NodeDef& records_node() {
        .phase = Phase::kSource,
        .doc = "fixed-size records in shard files (e.g. token .bin files), memory-mapped"},
       [](BuildContext& ctx, const RecordsOptions& o) { add_file_source<RecordsSource>(ctx, o); },
-      inspect_fields<CursorState>);
+      inspect_file_source);
   return def;
 }
 
 RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint32_t source_id)
-    : FileSource(std::move(name), "records", source_id),
+    : FileSource(std::move(name), "records", "records", source_id),
       options_(std::move(options)),
       field_(field_id(options_.field)) {
   validate_fields(options_, "records");
-  for (const auto& f : expand_paths(options_.paths, options_.base_dir)) {
+  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
+    const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);
     if (m->size() % options_.record_bytes != 0)
       throw DataError(f, m->size() - m->size() % options_.record_bytes,
                       "size of '" + f + "' (" + std::to_string(m->size()) +
                           " bytes) is not a multiple of record_bytes (" +
                           std::to_string(options_.record_bytes) + ")");
-    add_file(f, m->size() / options_.record_bytes);
+    add_file(named, *m, m->size() / options_.record_bytes);
     maps_.push_back(std::move(m));
   }
 }

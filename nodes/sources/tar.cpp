@@ -233,18 +233,19 @@ const NodeDef& tar_node() {
        .doc = "WebDataset-style tar shards: members grouped by key into samples, fields by "
               "extension"},
       [](BuildContext& ctx, const TarOptions& o) { add_file_source<TarSource>(ctx, o); },
-      inspect_fields<CursorState>);
+      inspect_file_source);
   return def;
 }
 
 TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_id)
-    : FileSource(std::move(name), "tar", source_id),
+    : FileSource(std::move(name), "tar", "samples", source_id),
       options_(std::move(options)),
       record_field_(field_id(options_.fields.empty() ? "data" : options_.fields.front())) {
   validate_fields(options_, "tar");
   for (const auto& ext : options_.fields) field_ids_.push_back(field_id(ext));
 
-  for (const auto& f : expand_paths(options_.paths, options_.base_dir)) {
+  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
+    const std::string& f = named.path;
     Shard shard;
     shard.map = std::make_shared<const MappedFile>(f);
     // The index holds every member, whatever `fields` says: options apply when grouping, so
@@ -252,7 +253,7 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
     shard.index = load_index<detail::TarMember>(*shard.map, "tar/1",
                                                 [&] { return TarScanner(*shard.map).scan(); });
     group(shard, f);
-    add_file(f, shard.samples.size());
+    add_file(named, *shard.map, shard.samples.size());
     shards_.push_back(std::move(shard));
   }
 }

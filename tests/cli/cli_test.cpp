@@ -290,6 +290,29 @@ TEST_F(Cli, ResumeWithoutACheckpointStartsFresh) {
   EXPECT_EQ(read_lines(path("d.txt")), expected_digests(3));
 }
 
+TEST_F(Cli, ResumeRefusesDataThatChangedSinceTheCheckpoint) {
+  // The reproduction: three record files, a checkpointed run, one file deleted.
+  fs::create_directories(path("three"));
+  ASSERT_EQ(run_cli({"gen", "records", "--out", "data", "--records", "600", "--record-bytes", "64",
+                     "--shards", "3"},
+                    path("three"))
+                .status,
+            0);
+  write_file(path("three/p.yaml"), kPipeline);
+  CliResult r = run_cli(
+      {"run", "p.yaml", "--steps", "20", "--checkpoint-dir", "ck", "--checkpoint-every", "10"},
+      path("three"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  fs::remove(path("three/data/part-00002.bin"));
+  r = run_cli({"run", "p.yaml", "--steps", "40", "--checkpoint-dir", "ck", "--resume"},
+              path("three"));
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_EQ(r.err,
+            "flowstate: error: cannot restore ck/step-000000000020: records: "
+            "data/part-00002.bin was in the checkpoint and is gone [file "
+            "ck/step-000000000020/state.bin]\n");
+}
+
 TEST_F(Cli, ResumeRefusesCheckpointsThatAllFailToVerify) {
   // Starting over silently would train on the same data again.
   fs::create_directories(path("ck/step-000000000005"));
@@ -494,7 +517,7 @@ TEST_F(Cli, InspectShowsWhatACheckpointHolds) {
   EXPECT_NE(r.out.find("  random_crop.length = 40\n"), std::string::npos);
   EXPECT_NE(r.out.find("skipped steps: 128..129\n"), std::string::npos);
   EXPECT_NE(r.out.find("node states:\n"
-                       "  records (records): epoch 0, cursor 0\n"
+                       "  records (records): epoch 0, cursor 0, files 4 (--json lists them)\n"
                        "  shuffle (shuffle): epoch 1, draws 48, keyframe none\n"
                        "  batch (batch): epoch 1, next_step 128, next_index_in_epoch 3, "
                        "epoch_started true\n"),
@@ -516,6 +539,13 @@ TEST_F(Cli, InspectShowsWhatACheckpointHolds) {
   EXPECT_EQ(j["nodes"][2]["state"]["next_step"], 100);
   EXPECT_EQ(j["pipeline"][0]["key"], "seed");
   EXPECT_EQ(j["pipeline"][0]["value"], "21");
+  // The data identity: every file by its name below the glob's root.
+  const auto& files = j["nodes"][0]["state"]["files"];
+  ASSERT_EQ(files.size(), 4u);
+  EXPECT_EQ(files[3]["name"], "data/part-00003.bin");
+  EXPECT_EQ(files[3]["bytes"], 500 * 64);
+  EXPECT_EQ(files[3]["items"], 500);
+  EXPECT_EQ(files[3]["hash"].get<std::string>().size(), 16u);
 }
 
 // ---- verify ----

@@ -194,6 +194,30 @@ TEST(FromRange, RandomAccessVectorResumesByIndex) {
   check_oracle(make);
 }
 
+TEST(FromRange, ARestoreOnARangeOfAnotherSizeIsRefused) {
+  // A known size is part of the source's description, so the fingerprint refuses a state
+  // saved over a range of another size, naming both sizes.
+  auto make = [](std::size_t n) {
+    std::vector<std::int64_t> values(n);
+    return Pipeline::Builder()
+        .source(from_range(std::move(values), {.name = "ints"}))
+        .batch({.size = 10})
+        .build();
+  };
+  Loader l(make(1000));
+  ASSERT_TRUE(l.next());
+  const std::string state = l.state();
+  Loader other(make(900));
+  try {
+    other.load_state(state);
+    ADD_FAILURE() << "expected a CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "the state was saved by a pipeline whose output differs:\n"
+              "iterable.size: 1000 in checkpoint, 900 now");
+  }
+}
+
 TEST(FromRange, RandomAccessSourceIsIndexedWithItsSize) {
   std::vector<int> values(20, 1);
   SourceSpec spec = from_range(values, {.name = "ints"});

@@ -178,8 +178,9 @@ TEST_F(LoaderCheckpoints, RefusesAPipelineWhoseOutputDiffersAndNamesTheField) {
 }
 
 TEST_F(LoaderCheckpoints, ARefusedRestoreLeavesTheLoaderRunning) {
-  // The fingerprint matches but the node states do not fit the data any more (the files
-  // shrank): the loader must continue as if restore had not been called.
+  // The fingerprint matches but the data changed (the files shrank): the data identity
+  // refuses it, naming each file, and the loader must continue as if restore had not been
+  // called.
   {
     Loader l(make(), options_);
     drain(l, 12);  // 768 samples drawn in epoch 0
@@ -194,9 +195,12 @@ TEST_F(LoaderCheckpoints, ARefusedRestoreLeavesTheLoaderRunning) {
   }
   Loader l(make(), options_);
   auto got = drain(l, 2);
+  const std::string data = dir_ / "data/";
   EXPECT_EQ(checkpoint_error([&] { l.restore(ckpt()); }),
-            "cannot restore " + ckpt() + "/" + step_dir(12) +
-                ": shuffle draws 768 exceed the 500 inputs");
+            "cannot restore " + ckpt() + "/" + step_dir(12) + ": records: " + data +
+                "part-00000.bin: 21312 bytes in checkpoint, 10624 now\nrecords: " + data +
+                "part-00001.bin: 21312 bytes in checkpoint, 10688 now\nrecords: " + data +
+                "part-00002.bin: 21376 bytes in checkpoint, 10688 now");
   auto rest = drain(l);
   got.insert(got.end(), rest.begin(), rest.end());
   EXPECT_EQ(got, own);
