@@ -32,8 +32,13 @@ constexpr const char* kUsage =
     "                          (default: the pipeline's checkpoint.dir, relative to its file)\n"
     "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0\n"
     "  --keep N                keep the N newest checkpoints (0: all)\n"
-    "  --resume                continue from the newest valid checkpoint in the directory\n"
-    "                          (none there: start from the beginning)\n"
+    "  --resume                continue from the newest step-N directory that verifies;\n"
+    "                          LATEST is only a hint. An empty or missing directory starts\n"
+    "                          from the beginning; checkpoints there of which none verifies\n"
+    "                          (a LATEST, a step-N, an unfinished step-N.tmp) are an error\n"
+    "  --overwrite             discard the directory's checkpoints (durably) before running;\n"
+    "                          without --resume or --overwrite, a directory that holds\n"
+    "                          checkpoints is refused\n"
     "  --skip A:B              drop the batches of steps A..B (inclusive; repeatable)\n"
     "  --set KEY=VALUE         override a pipeline value (nodes[1].shuffle.size=1024; repeatable)\n"
     "  --digests FILE|-        append '<step> <epoch> <index_in_epoch> <digest>' per batch\n"
@@ -189,7 +194,7 @@ int cmd_run(std::span<const std::string> argv) {
   Args args(argv,
             {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
              "--set", "--digests", "--provenance", "--workers", "--progress-interval"},
-            {"--resume"});
+            {"--resume", "--overwrite"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return kExitOk;
@@ -216,10 +221,30 @@ int cmd_run(std::span<const std::string> argv) {
   if (auto k = args.uint("--checkpoint-every")) every = *k;
   std::size_t keep = config.checkpoint ? config.checkpoint->keep : 0;
   if (auto k = args.uint("--keep")) keep = static_cast<std::size_t>(*k);
-  if (ckpt_dir.empty() && (args.has("--resume") || args.has("--checkpoint-every")))
-    throw UsageError(std::string(args.has("--resume") ? "--resume" : "--checkpoint-every") +
+  if (ckpt_dir.empty() &&
+      (args.has("--resume") || args.has("--checkpoint-every") || args.has("--overwrite")))
+    throw UsageError(std::string(args.has("--resume")      ? "--resume"
+                                 : args.has("--overwrite") ? "--overwrite"
+                                                           : "--checkpoint-every") +
                      " needs a checkpoint directory (--checkpoint-dir, or checkpoint.dir in "
                      "the pipeline)");
+  if (args.has("--resume") && args.has("--overwrite"))
+    throw UsageError("--resume and --overwrite exclude each other");
+  if (!ckpt_dir.empty() && !args.has("--resume")) {
+    // A fresh run must not write its step-10 among another run's checkpoints: a resume would
+    // take theirs (or, pruned by `keep`, lose them).
+    const CheckpointEvidence evidence = find_checkpoint_evidence(ckpt_dir);
+    if (!evidence.empty() && !args.has("--overwrite"))
+      throw ConfigError(ckpt_dir, ckpt_dir + " holds checkpoints" +
+                                      (evidence.highest_step
+                                           ? " up to step " + std::to_string(*evidence.highest_step)
+                                           : std::string()) +
+                                      "; pass --resume to continue or --overwrite to discard them");
+    if (!evidence.empty()) {
+      remove_checkpoints(ckpt_dir);
+      note("discarded the checkpoints in '" + ckpt_dir + "' (--overwrite)");
+    }
+  }
 
   LoaderOptions options;
   options.epochs = args.uint("--epochs").value_or(config.epochs);

@@ -1,11 +1,14 @@
 // Loader's on-disk checkpoints: save_checkpoint, save_checkpoint_async and restore. The file
 // format and its crash safety live in serialization/checkpoint.{h,cpp}; this file decides
 // what is saved (the consumer's cut, DESIGN.md §6) and in which order writes commit.
+#include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <future>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "core/error.h"
 #include "graph/loader.h"
@@ -16,6 +19,12 @@ namespace {
 /// `step-N` holds the state after N batches of the schedule: the next step to deliver.
 std::uint64_t checkpoint_step(const std::optional<std::uint64_t>& last_step) {
   return last_step ? *last_step + 1 : 0;
+}
+
+std::string step_dir_name(std::uint64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%012llu", static_cast<unsigned long long>(step));
+  return buf;
 }
 
 /// Commits this process's checkpoint writes to one directory in the order they were asked
@@ -60,6 +69,52 @@ class WriteOrder {
 
 }  // namespace
 
+/// The async saves of one Loader: at most one in flight (a new one waits for it: saves asked
+/// for faster than the disk commits them block the consumer, none is dropped), and the error
+/// of one that failed, for the consumer's next call.
+class Loader::AsyncSaves {
+ public:
+  /// Waits for the save in flight, if any.
+  void wait() {
+    std::shared_future<void> last;
+    {
+      std::lock_guard lock(mu_);
+      last = last_;
+    }
+    if (last.valid()) last.wait();
+  }
+  void started(std::shared_future<void> done) {
+    std::lock_guard lock(mu_);
+    last_ = std::move(done);
+  }
+  void failed(std::exception_ptr e) {
+    std::lock_guard lock(mu_);
+    error_ = std::move(e);
+    has_error_.store(true, std::memory_order_release);
+  }
+  /// Throws (once) the error of a save that failed.
+  void rethrow_failure() {
+    if (!has_error_.load(std::memory_order_acquire)) return;
+    std::exception_ptr e;
+    {
+      std::lock_guard lock(mu_);
+      e = std::exchange(error_, nullptr);
+      has_error_.store(false, std::memory_order_relaxed);
+    }
+    if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_future<void> last_;
+  std::exception_ptr error_;
+  std::atomic<bool> has_error_{false};
+};
+
+void Loader::rethrow_failed_save() {
+  if (saves_) saves_->rethrow_failure();
+}
+
 std::string Loader::save_checkpoint(const std::string& dir,
                                     const CheckpointWriteOptions& options) const {
   const std::uint64_t step = checkpoint_step(last_step_);
@@ -70,40 +125,54 @@ std::string Loader::save_checkpoint(const std::string& dir,
 
 std::future<std::string> Loader::save_checkpoint_async(const std::string& dir,
                                                        CheckpointWriteOptions options) const {
+  if (!saves_) saves_ = std::make_shared<AsyncSaves>();
+  // Back-pressure: the previous save commits first. Its failure, if it failed, is reported
+  // here (or by next(), whichever comes first).
+  saves_->wait();
+  saves_->rethrow_failure();
   // The cut is taken now, on the consumer's thread: the last batch's stamp, immutable and
   // shared. Encoding it moves with the file I/O.
   const std::uint64_t step = checkpoint_step(last_step_);
   PipelineState s = state_struct_without_spine();
   WriteOrder::Turn turn = WriteOrder::take(dir);
-  return std::async(
-      std::launch::async, [dir, step, s = std::move(s), stamp = last_stamp_,
-                           options = std::move(options), turn = std::move(turn)]() mutable {
-        s.spine = serialize_stamp(*stamp);
-        const std::string bytes = s.encode();
-        return WriteOrder::run(std::move(turn),
-                               [&] { return write_checkpoint(dir, step, bytes, options); });
-      });
+  std::promise<void> done;
+  saves_->started(done.get_future().share());
+  return std::async(std::launch::async, [dir, step, s = std::move(s), stamp = last_stamp_,
+                                         options = std::move(options), turn = std::move(turn),
+                                         saves = saves_, done = std::move(done)]() mutable {
+    struct Done {
+      std::promise<void>& p;
+      ~Done() { p.set_value(); }
+    } signal{done};
+    try {
+      s.spine = serialize_stamp(*stamp);
+      const std::string bytes = s.encode();
+      return WriteOrder::run(std::move(turn),
+                             [&] { return write_checkpoint(dir, step, bytes, options); });
+    } catch (const CheckpointError& e) {
+      // Named for the checkpoint, with the system's reason from the step that failed.
+      const std::string path = (std::filesystem::path(dir) / step_dir_name(step)).string();
+      CheckpointError error(path, "checkpoint '" + path + "' failed: " + e.what());
+      saves->failed(std::make_exception_ptr(error));
+      throw error;
+    } catch (...) {
+      saves->failed(std::current_exception());
+      throw;
+    }
+  });
 }
 
 std::optional<CheckpointFound> Loader::restore(const std::string& dir) {
   std::optional<CheckpointFound> found = find_latest_checkpoint(dir);
   if (!found) {
-    // None verifies. An empty (or missing) directory is a fresh start; checkpoints that all
-    // fail to verify are an error: silently starting over at step 0 would retrain on data.
+    // None verifies. An empty (or missing) directory is a fresh start; any evidence of
+    // checkpoints (a LATEST, a step directory, an unfinished write of one) is an error:
+    // silently starting over at step 0 would retrain on consumed data.
+    const CheckpointEvidence evidence = find_checkpoint_evidence(dir);
+    if (evidence.empty()) return std::nullopt;
     std::string reasons;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step-", 0) != 0 || name.ends_with(".tmp")) continue;
-      try {
-        read_checkpoint(entry.path().string());
-      } catch (const CheckpointError& e) {
-        reasons += "\n  " + entry.path().string() + ": " + e.what();
-      }
-    }
-    if (!reasons.empty())
-      throw CheckpointError(dir, "no checkpoint under '" + dir + "' verifies:" + reasons);
-    return std::nullopt;
+    for (const auto& e : evidence.entries) reasons += "\n  " + e;
+    throw CheckpointError(dir, "no checkpoint under '" + dir + "' verifies:" + reasons);
   }
   const std::string file = (std::filesystem::path(found->path) / "state.bin").string();
   try {

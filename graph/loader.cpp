@@ -342,6 +342,7 @@ Loader::~Loader() = default;
 
 std::optional<Batch> Loader::next() {
   if (error_) std::rethrow_exception(error_);
+  rethrow_failed_save();
   if (finished_) return std::nullopt;
   if (!runtime_->started()) runtime_->start();
   for (;;) {

@@ -71,7 +71,9 @@ class Loader {
 
   /// The next batch, or nullopt after the last epoch. Rethrows a node's error (naming the
   /// node) once every batch before the failing one was delivered; after an error every call
-  /// throws it again.
+  /// throws it again. Throws CheckpointError ("checkpoint '<dir>/step-N' failed: <what, with
+  /// the system's reason>") once when an earlier save_checkpoint_async failed; no batch is
+  /// taken by that call, and the next call goes on.
   std::optional<Batch> next();
 
   /// The state after the last batch returned by next() (or the initial/loaded state before
@@ -91,19 +93,28 @@ class Loader {
 
   /// Writes the current state() as a checkpoint under `dir` (see serialization/checkpoint.h)
   /// named by the number of steps consumed; returns the committed directory. Only file I/O
-  /// costs time: the state is the last delivered batch's stamp.
+  /// costs time (three fsyncs): the state is the last delivered batch's stamp. Refused
+  /// (CheckpointError, nothing written) when `dir` holds a checkpoint that verifies with a
+  /// higher step — another run's, further along, which a resume would prefer — unless
+  /// `options.overwrite`; to start a run afresh in a used directory, remove_checkpoints(dir)
+  /// first.
   std::string save_checkpoint(const std::string& dir,
                               const CheckpointWriteOptions& options = {}) const;
   /// The same, with the file I/O on another thread: the state is captured now; wait on (or
-  /// get) the future before relying on the checkpoint.
+  /// get) the future before relying on the checkpoint. At most one async save of a Loader is
+  /// in flight: a call while the previous one is still writing blocks until it has committed
+  /// (saves asked for faster than the disk commits them slow the consumer down; none is
+  /// dropped or coalesced). A failure is thrown by the future, and also once by the next
+  /// next() or save_checkpoint_async call, whichever comes first.
   std::future<std::string> save_checkpoint_async(const std::string& dir,
                                                  CheckpointWriteOptions options = {}) const;
   /// Continues from the newest checkpoint under `dir` that verifies (see
-  /// find_latest_checkpoint); returns what was loaded (path, step, and the newer checkpoints
-  /// that were skipped, with reasons), or nullopt when `dir` is missing or holds no
-  /// checkpoint (the loader is then unchanged). Throws CheckpointError when checkpoints exist
-  /// but none verifies (listing each with its reason), or when the newest valid one belongs
-  /// to a pipeline whose output differs.
+  /// find_latest_checkpoint; LATEST is only a hint); returns what was loaded (path, step, and
+  /// the newer checkpoints that were skipped, with reasons), or nullopt when `dir` is missing
+  /// or holds no evidence of checkpoints (the loader is then unchanged). Throws
+  /// CheckpointError when there is evidence — a LATEST, a step directory, an unfinished write
+  /// of one — but nothing verifies (listing each with its reason), or when the newest valid
+  /// one belongs to a pipeline whose output differs.
   std::optional<CheckpointFound> restore(const std::string& dir);
 
   /// Counters of the running graph (see LoaderStats). Cheap; callable between next() calls.
@@ -142,6 +153,9 @@ class Loader {
 
  private:
   class Runtime;
+  class AsyncSaves;
+  /// Throws the error of a failed async save, once.
+  void rethrow_failed_save();
   void rebuild(const PipelineState& state);
   /// state_struct() without encoding the spine (the caller encodes the stamp later).
   PipelineState state_struct_without_spine() const;
@@ -157,6 +171,8 @@ class Loader {
   SkipRanges skips_;
   std::exception_ptr error_;
   bool finished_ = false;
+  /// Created by the first save_checkpoint_async (the Loader is used from one thread).
+  mutable std::shared_ptr<AsyncSaves> saves_;
 };
 
 }  // namespace flowstate

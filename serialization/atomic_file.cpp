@@ -51,17 +51,29 @@ int fsync_retrying(int fd) {
 
 }  // namespace
 
-void write_file_durably(const std::string& path, std::string_view data) {
+namespace {
+
+void create_and_write(const std::string& path, std::string_view data, bool sync) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (fd.get() < 0) fail(path, "create", errno);
   try {
     write_all(fd.get(), path, data);
-    if (fsync_retrying(fd.get()) != 0) fail(path, "fsync", errno);
+    if (sync && fsync_retrying(fd.get()) != 0) fail(path, "fsync", errno);
     if (fd.close() != 0) fail(path, "close", errno);
   } catch (...) {
     ::unlink(path.c_str());
     throw;
   }
+}
+
+}  // namespace
+
+void write_file_durably(const std::string& path, std::string_view data) {
+  create_and_write(path, data, true);
+}
+
+void write_file(const std::string& path, std::string_view data) {
+  create_and_write(path, data, false);
 }
 
 void fsync_directory(const std::string& dir) {
@@ -70,17 +82,19 @@ void fsync_directory(const std::string& dir) {
   if (fsync_retrying(fd.get()) != 0) fail(dir, "fsync directory", errno);
 }
 
-void replace_file_atomically(const std::string& path, std::string_view data) {
+void replace_file_atomically(const std::string& path, std::string_view data,
+                             Durability durability) {
+  const bool durable = durability == Durability::kDurable;
   const std::string tmp = path + ".tmp";
   if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) fail(tmp, "remove", errno);
-  write_file_durably(tmp, data);
+  create_and_write(tmp, data, durable);
   try {
     rename_path(tmp, path);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
   }
-  fsync_directory(parent_of(path));
+  if (durable) fsync_directory(parent_of(path));
 }
 
 void rename_path(const std::string& from, const std::string& to) {
@@ -106,8 +120,8 @@ void create_directories_durably(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) fail(path, "create directory", errno);
   if (!S_ISDIR(st.st_mode))
-    throw CheckpointError(path,
-                          "cannot use '" + path + "' as a checkpoint directory: it is a file");
+    throw CheckpointError(
+        path, "cannot use '" + path + "' as a checkpoint directory: " + std::strerror(ENOTDIR));
 }
 
 void remove_tree(const std::string& path) {

@@ -20,14 +20,26 @@ namespace flowstate {
 /// the partial file is removed (best effort) and CheckpointError names `path`.
 void write_file_durably(const std::string& path, std::string_view data);
 
+/// The same without the fsync.
+void write_file(const std::string& path, std::string_view data);
+
 /// Fsyncs the directory `dir`, making the creation, renaming and removal of its entries
 /// durable. Throws CheckpointError.
 void fsync_directory(const std::string& dir);
 
-/// Replaces the contents of file `path` atomically: a reader (or a restart after a crash)
-/// sees the old contents or the new ones, never a mix. Writes `path`.tmp, fsyncs it, renames
-/// it over `path` and fsyncs the parent. Not safe against concurrent writers of `path`.
-void replace_file_atomically(const std::string& path, std::string_view data);
+/// How replace_file_atomically treats the disk.
+enum class Durability {
+  kDurable,  ///< fsyncs the file before the rename and the parent after it
+  kHint,     ///< no fsync: atomic for readers and across a process crash, but after a power
+             ///< loss the file may be stale or empty
+};
+
+/// Replaces the contents of file `path` atomically: a reader (or a restart after a process
+/// crash) sees the old contents or the new ones, never a mix. Writes `path`.tmp, (fsyncs it,)
+/// renames it over `path` (and fsyncs the parent). Not safe against concurrent writers of
+/// `path`.
+void replace_file_atomically(const std::string& path, std::string_view data,
+                             Durability durability = Durability::kDurable);
 
 /// Renames `from` to `to` (rename(2): replaces a file, or an empty directory). Does not fsync.
 /// Throws CheckpointError naming both.

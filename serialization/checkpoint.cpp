@@ -361,7 +361,6 @@ void clean_up(const std::string& dir) {
 /// an earlier point) are neither counted nor removed: re-checkpointing replaces them.
 void prune(const std::string& dir, std::uint64_t step, std::size_t keep) {
   std::size_t kept = 1;
-  bool removed = false;
   for (const auto& c : list_candidates(dir)) {
     if (c.name.aside || c.name.step >= step) continue;
     if (kept < keep && verifies(c.path)) {
@@ -372,9 +371,37 @@ void prune(const std::string& dir, std::uint64_t step, std::size_t keep) {
     const std::string doomed = c.path + ".prune" + std::string(kTmpSuffix);
     rename_path(c.path, doomed);
     remove_tree(doomed);
-    removed = true;
   }
-  if (removed) fsync_directory(dir);
+  // No fsync: a pruned checkpoint that comes back after a power loss is an older valid one,
+  // which the newest-valid rule passes over and the next prune removes.
+}
+
+/// What is wrong with LATEST, if anything ("path: reason"): unreadable, garbage, or naming a
+/// step directory that is not there (unless a replacement of it was interrupted).
+std::optional<std::string> latest_problem(const std::string& dir) {
+  const std::string latest = join(dir, kLatestFile);
+  if (!exists(latest)) return std::nullopt;
+  try {
+    const std::string target = join(dir, read_latest(latest));
+    if (exists(target) || exists(target + std::string(kAsideSuffix))) return std::nullopt;
+    return latest + ": " + quote(latest) + " names " + quote(target) + ", which does not exist";
+  } catch (const CheckpointError& e) {
+    return latest + ": " + e.what();
+  }
+}
+
+/// Throws when a checkpoint that verifies has a higher step than `step` (caller holds the
+/// lock): writing below it would leave a resume on the other run's checkpoint.
+void refuse_if_behind(const std::string& dir, std::uint64_t step) {
+  for (const auto& c : list_candidates(dir)) {
+    if (c.name.step <= step) break;  // newest first
+    if (c.name.aside || !verifies(c.path)) continue;
+    throw CheckpointError(dir, quote(dir) + " holds checkpoints up to step " +
+                                   std::to_string(c.name.step) + ", newer than this one (step " +
+                                   std::to_string(step) +
+                                   "); restore from it to continue that run, or write with "
+                                   "overwrite to put an older step under it");
+  }
 }
 
 }  // namespace
@@ -390,6 +417,7 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
   create_directories_durably(dir);
   DirectoryLock lock(join(dir, kLockFile));
   clean_up(dir);
+  if (!options.overwrite) refuse_if_behind(dir, step);
 
   const std::string name = step_name(step);
   const std::string final_dir = join(dir, name);
@@ -398,48 +426,53 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
   bool moved_aside = false;
   bool renamed = false;
   try {
+    // No fsync of `dir` for the new entry: until the rename below, it is debris anyway.
     if (::mkdir(tmp.c_str(), 0755) != 0)
       throw CheckpointError(tmp,
                             "cannot create directory " + quote(tmp) + ": " + std::strerror(errno));
     phase("tmp-created");
-    write_file_durably(join(tmp, kStateFile), state);
+    write_file_durably(join(tmp, kStateFile), state);  // fsync 1
     phase("state-written");
     Manifest manifest{
         step, decoded.fingerprint, {{std::string(kStateFile), state.size(), hash64(state)}}};
-    write_file_durably(join(tmp, kManifestFile), encode_manifest(manifest));
-    fsync_directory(tmp);
+    write_file_durably(join(tmp, kManifestFile), encode_manifest(manifest));  // fsync 2
     phase("manifest-written");
     if (exists(final_dir)) {
       // Re-checkpointing a step (after a resume): the old copy stays valid, under a name
-      // readers fall back to, until the new one is in place.
+      // readers fall back to, until the new one is in place. Both renames share the fsync
+      // below; a journaling file system makes them durable in order.
       rename_path(final_dir, aside);
       moved_aside = true;
-      fsync_directory(dir);
       phase("moved-aside");
     }
     rename_path(tmp, final_dir);
     renamed = true;
-    fsync_directory(dir);
+    fsync_directory(dir);  // fsync 3: the commit
   } catch (...) {
     // Leave the directory as it was: the old step-N back in place, no debris.
     try {
-      if (!renamed) {
-        if (moved_aside) rename_path(aside, final_dir);
-        remove_tree(tmp);
-        fsync_directory(dir);
+      if (renamed) {
+        // Only the fsync failed: the checkpoint is in place but maybe not on disk. Take it
+        // back out, so that what readers see agrees with the error.
+        rename_path(final_dir, tmp);
       }
+      if (moved_aside) rename_path(aside, final_dir);
+      remove_tree(tmp);
+      fsync_directory(dir);
     } catch (const CheckpointError&) {
       // The next writer's clean_up finishes the job.
     }
     throw;
   }
   phase("renamed");
-  replace_file_atomically(join(dir, kLatestFile), name + "\n");
-  phase("latest-written");
-  if (moved_aside) {
-    remove_tree(aside);
-    fsync_directory(dir);
+  // A hint only (the newest valid step wins): no fsync, and a failure to write it does not
+  // fail a checkpoint that is committed.
+  try {
+    replace_file_atomically(join(dir, kLatestFile), name + "\n", Durability::kHint);
+  } catch (const CheckpointError&) {
   }
+  phase("latest-written");
+  if (moved_aside) remove_tree(aside);  // debris if it comes back after a power loss
   if (options.keep > 0) prune(dir, step, options.keep);
   return final_dir;
 }
@@ -488,39 +521,100 @@ std::optional<CheckpointFound> find_latest_checkpoint(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
   std::vector<std::string> skipped;
-  std::set<std::string> tried;
-  auto attempt = [&](const std::string& path) -> std::optional<CheckpointFound> {
-    tried.insert(path);
+  // LATEST is only a hint: it never chooses, but a damaged one is worth a word.
+  if (auto problem = latest_problem(dir)) skipped.push_back(*problem);
+  for (const auto& c : list_candidates(dir)) {
     try {
-      CheckpointFound found = read_checkpoint(path);
+      CheckpointFound found = read_checkpoint(c.path);
       found.skipped = skipped;
       return found;
     } catch (const CheckpointError& e) {
-      skipped.push_back(path + ": " + e.what());
-      return std::nullopt;
+      skipped.push_back(c.path + ": " + e.what());
     }
-  };
-
-  const std::string latest = join(dir, kLatestFile);
-  if (exists(latest)) {
-    try {
-      const std::string target = join(dir, read_latest(latest));
-      if (exists(target)) {
-        if (auto found = attempt(target)) return found;
-      } else if (!exists(target + std::string(kAsideSuffix))) {
-        // (With an aside present a replacement was interrupted: the scan below finds it.)
-        skipped.push_back(latest + ": " + quote(latest) + " names " + quote(target) +
-                          ", which does not exist");
-      }
-    } catch (const CheckpointError& e) {
-      skipped.push_back(latest + ": " + e.what());
-    }
-  }
-  for (const auto& c : list_candidates(dir)) {
-    if (tried.count(c.path)) continue;
-    if (auto found = attempt(c.path)) return found;
   }
   return std::nullopt;
+}
+
+CheckpointEvidence find_checkpoint_evidence(const std::string& dir) {
+  CheckpointEvidence out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  auto raise = [&](std::uint64_t step) {
+    out.highest_step = std::max(out.highest_step.value_or(0), step);
+  };
+  const std::string latest = join(dir, kLatestFile);
+  if (exists(latest)) {
+    std::string what = latest + ": ";
+    try {
+      const std::string target = read_latest(latest);
+      raise(parse_step_name(target)->step);
+      what += quote(latest) + " names " + quote(join(dir, target));
+      if (!exists(join(dir, target))) what += ", which does not exist";
+    } catch (const CheckpointError& e) {
+      what += e.what();
+    }
+    out.entries.push_back(what);
+  }
+  if (exists(latest + std::string(kTmpSuffix)))
+    out.entries.push_back(latest + std::string(kTmpSuffix) + ": " +
+                          quote(latest + std::string(kTmpSuffix)) +
+                          " is an unfinished write of LATEST");
+  // Step directories (and their .old and .tmp forms), highest step first.
+  std::vector<std::pair<std::uint64_t, std::string>> steps;
+  try {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      const std::string path = entry.path().string();
+      std::string_view base = name;
+      const bool tmp = base.ends_with(kTmpSuffix);
+      if (tmp) base = base.substr(0, base.find('.'));  // step-N.tmp, step-N.prune.tmp, ...
+      auto parsed = parse_step_name(base);
+      if (!parsed) continue;
+      raise(parsed->step);
+      std::string what = path + ": ";
+      if (tmp) {
+        what += quote(path) + " is an unfinished checkpoint write or removal";
+      } else {
+        try {
+          read_checkpoint(path);
+          what += "verifies";
+        } catch (const CheckpointError& e) {
+          what += e.what();
+        }
+      }
+      steps.emplace_back(parsed->step, what);
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw CheckpointError(dir, "cannot list " + quote(dir) + ": " + e.code().message());
+  }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  for (auto& [step, what] : steps) out.entries.push_back(std::move(what));
+  return out;
+}
+
+void remove_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  DirectoryLock lock(join(dir, kLockFile));
+  std::vector<std::pair<std::uint64_t, std::string>> doomed;
+  try {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      std::string_view base = name;
+      if (base.ends_with(kTmpSuffix)) base = base.substr(0, base.find('.'));
+      if (auto parsed = parse_step_name(base)) doomed.emplace_back(parsed->step, entry.path());
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw CheckpointError(dir, "cannot list " + quote(dir) + ": " + e.code().message());
+  }
+  // Oldest first: a crash part-way leaves the newest checkpoints, never a hole below them.
+  std::sort(doomed.begin(), doomed.end());
+  for (const auto& [step, path] : doomed) remove_tree(path);
+  remove_tree(join(dir, kLatestFile));
+  remove_tree(join(dir, std::string(kLatestFile) + std::string(kTmpSuffix)));
+  fsync_directory(dir);
 }
 
 }  // namespace flowstate

@@ -2,18 +2,25 @@
 //
 //   <dir>/step-000000000100/state.bin       the encoded PipelineState
 //   <dir>/step-000000000100/MANIFEST.json   format version, fingerprint, step, files, sizes,
-//                                           checksums (written last)
-//   <dir>/LATEST                            name of the newest complete checkpoint
+//                                           checksums
+//   <dir>/LATEST                            a hint: the name of the last checkpoint written
 //
 // `step-N` holds the state after N batches of the schedule were consumed: its last delivered
 // batch has step N-1 and a resume continues with step N.
 //
-// Writing: step-N.tmp/ → write + fsync each file → manifest last + fsync → rename to step-N/
-// → fsync the parent → replace LATEST atomically (tmp + rename + fsync). A directory without
-// a valid manifest does not exist; stale *.tmp directories are ignored and removed by the
-// next write. `keep` prunes older checkpoints only after the new one is committed. Replacing an
-// existing step-N renames the old one to step-N.old (still a valid fallback) before the new one
-// goes in. Writers serialize on an flock of `<dir>/.lock`.
+// Which checkpoint a resume takes: the newest step-N directory that verifies; LATEST is only
+// a hint (for people and tools), never consulted to choose.
+//
+// Writing costs three fsyncs: step-N.tmp/ → write state.bin and MANIFEST.json → fsync each
+// (1, 2) → rename to step-N/ → fsync the parent (3): the commit point. Then LATEST is replaced
+// (tmp + rename) without an fsync, and `keep` prunes older checkpoints without one: after a
+// power loss LATEST may be stale and a pruned checkpoint may come back, both harmless under
+// the newest-valid rule. The new directory's entries are not fsynced on their own: on Linux's
+// journaling file systems (ext4, xfs, btrfs) the fsync of a newly created file also makes its
+// name durable. A directory without a valid manifest does not exist; stale *.tmp directories
+// are ignored by readers and removed by the next write. Replacing an existing step-N renames
+// the old one to step-N.old (still a valid fallback) before the new one goes in; both renames
+// share the parent's fsync. Writers serialize on an flock of `<dir>/.lock`.
 #pragma once
 
 #include <cstdint>
@@ -29,10 +36,17 @@ namespace flowstate {
 struct CheckpointWriteOptions {
   /// Complete checkpoints to keep after this one is committed (the newest ones); 0 keeps all.
   std::size_t keep = 0;
+  /// Write even when `dir` holds a checkpoint that verifies with a higher step than this one.
+  /// Off (the default), such a write is refused with CheckpointError ("'dir' holds checkpoints
+  /// up to step M; ...") and changes nothing: the directory belongs to a run further along,
+  /// whose newest checkpoint a resume would take instead of this one. A write of the same
+  /// step, or below checkpoints that do not verify, is never refused.
+  bool overwrite = false;
   /// Test hook, called at each phase of the write with its name: "tmp-created",
-  /// "state-written", "manifest-written", ("moved-aside" when step N already exists and is
-  /// being replaced), "renamed", "latest-written". May block or throw; a throw before
-  /// "renamed" leaves the directory as it was.
+  /// "state-written" (state.bin written and fsynced), "manifest-written" (the same),
+  /// ("moved-aside" when step N already exists and is being replaced; not fsynced),
+  /// "renamed" (step-N in place and the parent fsynced: the commit), "latest-written" (not
+  /// fsynced). May block or throw; a throw before "renamed" leaves the directory as it was.
   std::function<void(std::string_view phase)> hook;
 };
 
@@ -55,9 +69,30 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
 /// file and what is wrong.
 CheckpointFound read_checkpoint(const std::string& checkpoint_dir);
 
-/// The newest checkpoint under `dir` that verifies: LATEST's target first, then every step-N
-/// directory from the highest N down. Lists the ones skipped and why. nullopt when none
-/// verifies (or `dir` does not exist).
+/// The newest checkpoint under `dir` that verifies: every step-N directory from the highest N
+/// down (LATEST is only a hint and never chooses). Lists the ones skipped and why (and a
+/// LATEST that is garbage or names nothing). nullopt when none verifies (or `dir` does not
+/// exist).
 std::optional<CheckpointFound> find_latest_checkpoint(const std::string& dir);
+
+/// What shows that checkpoints were written under a directory, valid or not.
+struct CheckpointEvidence {
+  /// "path: what it is / why it is no checkpoint" for LATEST (and LATEST.tmp), every step-N,
+  /// step-N.old and *.tmp entry; LATEST first, then the steps from the highest down.
+  std::vector<std::string> entries;
+  /// The highest step among them (step directories, and the step LATEST names).
+  std::optional<std::uint64_t> highest_step;
+  bool empty() const { return entries.empty(); }
+};
+
+/// The evidence of checkpoints under `dir` (empty when `dir` is missing, empty, or holds
+/// only unrelated files and the writers' `.lock`). Verifies every step directory. Throws
+/// CheckpointError when `dir` cannot be listed.
+CheckpointEvidence find_checkpoint_evidence(const std::string& dir);
+
+/// Removes every checkpoint under `dir` (step directories, their .old and .tmp forms, LATEST)
+/// under the writers' lock, oldest first, and fsyncs `dir`: a crash part-way leaves the
+/// newest ones, never a hole. Other files are left alone. A missing `dir` is not an error.
+void remove_checkpoints(const std::string& dir);
 
 }  // namespace flowstate

@@ -101,11 +101,88 @@ TEST_F(CheckpointFiles, RoundTripsTheState) {
 }
 
 TEST_F(CheckpointFiles, FindsTheNewestOfSeveral) {
-  for (std::uint64_t s : {10, 30, 20}) write(s);
-  // LATEST names the last one written, which is what find_latest_checkpoint tries first.
-  EXPECT_EQ(find_latest_checkpoint(ckpt())->step, 20u);
+  write(10);
+  write(30);
+  write(20, {.overwrite = true});
+  // LATEST names the last one written (20), but it is only a hint: the newest step wins.
+  EXPECT_EQ(read_file(ckpt() + "/LATEST"), step_dir(20) + "\n");
+  EXPECT_EQ(find_latest_checkpoint(ckpt())->step, 30u);
+  EXPECT_TRUE(find_latest_checkpoint(ckpt())->skipped.empty());
   std::filesystem::remove(ckpt() + "/LATEST");
   EXPECT_EQ(find_latest_checkpoint(ckpt())->step, 30u);
+}
+
+TEST_F(CheckpointFiles, ANewerValidStepWinsOverAnOlderLatest) {
+  write(10);
+  write(20);
+  write_file(ckpt() + "/LATEST", step_dir(10) + "\n");  // stale, as after a power loss
+  auto f = find_latest_checkpoint(ckpt());
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->step, 20u);
+  EXPECT_TRUE(f->skipped.empty());
+}
+
+TEST_F(CheckpointFiles, RefusesToWriteBelowANewerCheckpointThatVerifies) {
+  write(30);
+  EXPECT_EQ(checkpoint_error([&] { write(20); }),
+            "'" + ckpt() +
+                "' holds checkpoints up to step 30, newer than this one (step 20); restore "
+                "from it to continue that run, or write with overwrite to put an older step "
+                "under it");
+  EXPECT_EQ(list_dir(ckpt()), (std::set<std::string>{".lock", "LATEST", step_dir(30)}));
+  // The same step, or a higher one, is fine; so is a newer checkpoint that does not verify.
+  write(30);
+  write(40);
+  flip_byte(state_bin(40), 3);
+  write(35);
+  // overwrite writes below a valid one.
+  write(20, {.overwrite = true});
+  EXPECT_EQ(read_checkpoint(at(20)).state, make_state(20));
+}
+
+TEST_F(CheckpointFiles, EvidenceListsEverythingThatShowsCheckpointsWereWritten) {
+  EXPECT_TRUE(find_checkpoint_evidence(ckpt()).empty());  // missing
+  std::filesystem::create_directories(ckpt());
+  write_file(ckpt() + "/.lock", "");
+  write_file(ckpt() + "/notes.txt", "mine");
+  EXPECT_TRUE(find_checkpoint_evidence(ckpt()).empty());  // nothing of a checkpoint's
+  write_file(ckpt() + "/LATEST", step_dir(7700) + "\n");
+  auto e = find_checkpoint_evidence(ckpt());
+  EXPECT_THAT(e.entries, ElementsAre(ckpt() + "/LATEST: '" + ckpt() + "/LATEST' names '" +
+                                     at(7700) + "', which does not exist"));
+  EXPECT_EQ(e.highest_step, 7700u);
+  std::filesystem::remove(ckpt() + "/LATEST");
+  std::filesystem::create_directories(at(12) + ".tmp");
+  e = find_checkpoint_evidence(ckpt());
+  EXPECT_THAT(e.entries, ElementsAre(at(12) + ".tmp: '" + at(12) +
+                                     ".tmp' is an unfinished checkpoint write or removal"));
+  EXPECT_EQ(e.highest_step, 12u);
+  write(5);  // (removes the debris)
+  write(9);
+  std::filesystem::remove(manifest(9));
+  std::filesystem::create_directories(at(12) + ".tmp");
+  e = find_checkpoint_evidence(ckpt());
+  EXPECT_THAT(
+      e.entries,
+      ElementsAre(
+          ckpt() + "/LATEST: '" + ckpt() + "/LATEST' names '" + at(9) + "'",
+          at(12) + ".tmp: '" + at(12) + ".tmp' is an unfinished checkpoint write or removal",
+          at(9) + ": '" + manifest(9) + "' is missing: the checkpoint is incomplete",
+          at(5) + ": verifies"));
+  EXPECT_EQ(e.highest_step, 12u);
+}
+
+TEST_F(CheckpointFiles, RemoveCheckpointsLeavesOnlyOtherFiles) {
+  write(5);
+  write(9);
+  std::filesystem::create_directories(at(12) + ".tmp");
+  write_file(ckpt() + "/notes.txt", "mine");
+  remove_checkpoints(ckpt());
+  EXPECT_EQ(list_dir(ckpt()), (std::set<std::string>{".lock", "notes.txt"}));
+  EXPECT_TRUE(find_checkpoint_evidence(ckpt()).empty());
+  remove_checkpoints(ckpt() + "/missing");  // not an error
+  write(1);                                 // the directory is usable again from any step
+  EXPECT_EQ(find_latest_checkpoint(ckpt())->step, 1u);
 }
 
 TEST_F(CheckpointFiles, NothingThereIsNotAnError) {
@@ -149,7 +226,7 @@ TEST_F(CheckpointFiles, AReaderAlwaysFindsAValidCheckpointDuringAWrite) {
   write(2, o);
   EXPECT_THAT(seen, ElementsAre("tmp-created step-000000000001", "state-written step-000000000001",
                                 "manifest-written step-000000000001",
-                                "renamed step-000000000001",  // LATEST not yet moved
+                                "renamed step-000000000002",  // committed: LATEST is a hint
                                 "latest-written step-000000000002"));
   seen.clear();
   // Replacing step 2: the old copy is found under its aside name while it is out of the way.
@@ -180,6 +257,7 @@ TEST_F(CheckpointFiles, AFailedWriteLeavesThePreviousCheckpointsAsTheyWere) {
     write_checkpoint(root, 1, make_state(1));
     write_checkpoint(root, 2, make_state(2));
     CheckpointWriteOptions o;
+    o.overwrite = true;  // replacing step 2 below step 3
     o.hook = [&](std::string_view p) {
       if (p == fail_at) throw std::runtime_error("injected");
     };
@@ -193,8 +271,8 @@ TEST_F(CheckpointFiles, AFailedWriteLeavesThePreviousCheckpointsAsTheyWere) {
     auto f = find_latest_checkpoint(root);
     ASSERT_TRUE(f);
     EXPECT_TRUE(f->skipped.empty());
-    // Until LATEST moves, the reader stays on step 2.
-    EXPECT_EQ(f->step, fail_at == "latest-written" || fail_at == "moved-aside" ? 3u : 2u);
+    // Until the rename commits it, the reader stays on step 2.
+    EXPECT_EQ(f->step, committed || fail_at == "moved-aside" ? 3u : 2u);
     EXPECT_EQ(std::filesystem::exists(root + "/" + step_dir(3)),
               committed || fail_at == "moved-aside");
     if (!committed) no_debris(root);
@@ -288,10 +366,10 @@ TEST_F(CheckpointFiles, KeepNeverRemovesTheNewCheckpointOrHigherSteps) {
   // and step 30 is left for the run to replace when it gets there.
   write(20);
   write(30);
-  write(25, {.keep = 1});
+  write(25, {.keep = 1, .overwrite = true});
   EXPECT_EQ(list_dir(ckpt()),
             (std::set<std::string>{".lock", "LATEST", "step-000000000025", "step-000000000030"}));
-  EXPECT_EQ(find_latest_checkpoint(ckpt())->step, 25u);  // LATEST: the last one written
+  EXPECT_EQ(find_latest_checkpoint(ckpt())->step, 30u);  // the newest step; LATEST says 25
 }
 
 // ---- damage: every file, every way ----
@@ -495,7 +573,8 @@ TEST_F(CheckpointFiles, ConcurrentWritersToOneDirectoryDoNotCorruptIt) {
   // The directory lock serializes writers: one's clean-up never removes another's work.
   constexpr std::uint64_t kPerThread = 6;
   auto writer = [&](std::uint64_t base) {
-    for (std::uint64_t i = 0; i < kPerThread; ++i) write(base + i, {.keep = 3});
+    // (overwrite: the two writers' steps interleave.)
+    for (std::uint64_t i = 0; i < kPerThread; ++i) write(base + i, {.keep = 3, .overwrite = true});
   };
   std::thread a(writer, 100), b(writer, 200);
   a.join();

@@ -4,7 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -307,6 +310,123 @@ TEST_F(LoaderCheckpoints, FallsBackToAnOlderCheckpointWhenTheNewestIsDamaged) {
   ASSERT_EQ(found->skipped.size(), 1u);
   EXPECT_THAT(found->skipped[0], HasSubstr("state.bin' is truncated: it has 10 bytes"));
   EXPECT_EQ(drain(resumed), tail(full_, 4));
+}
+
+TEST_F(LoaderCheckpoints, RestoreRefusesEvidenceOfCheckpointsWhenNoneVerifies) {
+  // A LATEST without its step directory: never a fresh start.
+  std::filesystem::create_directories(ckpt());
+  testing::write_file(ckpt() + "/LATEST", step_dir(7700) + "\n");
+  Loader l(make(), options_);
+  EXPECT_EQ(checkpoint_error([&] { l.restore(ckpt()); }),
+            "no checkpoint under '" + ckpt() + "' verifies:\n  " + ckpt() + "/LATEST: '" + ckpt() +
+                "/LATEST' names '" + ckpt() + "/" + step_dir(7700) + "', which does not exist");
+  // An unfinished write of the first checkpoint (the run got that far) is evidence too.
+  std::filesystem::remove(ckpt() + "/LATEST");
+  std::filesystem::create_directories(ckpt() + "/" + step_dir(40) + ".tmp");
+  EXPECT_EQ(checkpoint_error([&] { l.restore(ckpt()); }),
+            "no checkpoint under '" + ckpt() + "' verifies:\n  " + ckpt() + "/" + step_dir(40) +
+                ".tmp: '" + ckpt() + "/" + step_dir(40) +
+                ".tmp' is an unfinished checkpoint write or removal");
+  EXPECT_EQ(drain(l), full_);  // refused: the loader is unchanged
+}
+
+TEST_F(LoaderCheckpoints, ANewerValidStepWinsOverAnOlderLatest) {
+  {
+    Loader l(make(), options_);
+    drain(l, 4);
+    l.save_checkpoint(ckpt());
+    drain(l, 6);
+    l.save_checkpoint(ckpt());
+  }
+  testing::write_file(ckpt() + "/LATEST", step_dir(4) + "\n");
+  Loader resumed(make(), options_);
+  auto found = resumed.restore(ckpt());
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->step, 10u);
+  EXPECT_TRUE(found->skipped.empty());
+  EXPECT_EQ(drain(resumed), tail(full_, 10));
+}
+
+TEST_F(LoaderCheckpoints, AFreshRunMayNotSaveBelowAnotherRunsCheckpoints) {
+  {
+    Loader l(make(), options_);
+    drain(l, 12);
+    l.save_checkpoint(ckpt());
+  }
+  Loader fresh(make(), options_);
+  drain(fresh, 3);
+  const std::string refused = "'" + ckpt() +
+                              "' holds checkpoints up to step 12, newer than this one (step "
+                              "3); restore from it to continue that run, or write with "
+                              "overwrite to put an older step under it";
+  EXPECT_EQ(checkpoint_error([&] { fresh.save_checkpoint(ckpt()); }), refused);
+  EXPECT_EQ(checkpoint_error([&] { fresh.save_checkpoint_async(ckpt()).get(); }),
+            "checkpoint '" + ckpt() + "/" + step_dir(3) + "' failed: " + refused);
+  EXPECT_EQ(list_dir(ckpt()), (std::set<std::string>{".lock", "LATEST", step_dir(12)}));
+  // The failure was also the next batch's news; then the loader goes on.
+  EXPECT_THROW(fresh.next(), CheckpointError);
+  // Asked for: written under the newer one (which a resume still prefers).
+  EXPECT_EQ(fresh.save_checkpoint(ckpt(), {.overwrite = true}), ckpt() + "/" + step_dir(3));
+  // Or the directory emptied first, as `flowstate run --overwrite` does.
+  remove_checkpoints(ckpt());
+  EXPECT_EQ(fresh.save_checkpoint(ckpt()), ckpt() + "/" + step_dir(3));
+  Loader resumed(make(), options_);
+  ASSERT_EQ(resumed.restore(ckpt())->step, 3u);
+  EXPECT_EQ(drain(resumed), tail(full_, 3));
+}
+
+TEST_F(LoaderCheckpoints, AFailedAsyncSaveSurfacesAtTheNextBatch) {
+  // The directory's parent is a file: the write fails with ENOTDIR (also as root, where a
+  // read-only directory would not fail).
+  testing::write_file(dir_ / "file", "not a directory");
+  const std::string bad = dir_ / "file/ckpt";
+  Loader l(make(), options_);
+  auto got = drain(l, 3);
+  std::future<std::string> saved = l.save_checkpoint_async(bad);
+  saved.wait();
+  const std::string expected = "checkpoint '" + bad + "/" + step_dir(3) +
+                               "' failed: cannot create directory '" + bad +
+                               "': " + std::strerror(ENOTDIR);
+  try {
+    l.next();
+    ADD_FAILURE() << "the failed save went unnoticed";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()), expected);
+    EXPECT_EQ(e.file(), bad + "/" + step_dir(3));
+  }
+  EXPECT_EQ(checkpoint_error([&] { saved.get(); }), expected);
+  // Reported once; no batch was lost.
+  auto rest = drain(l);
+  got.insert(got.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got, full_);
+}
+
+TEST_F(LoaderCheckpoints, AnAsyncSaveWaitsForThePreviousOneToCommit) {
+  // Saves asked for faster than the disk commits them block the caller: every one is
+  // written, in order, and at most one is in flight.
+  std::atomic<int> in_flight{0}, most{0}, committed{0};
+  CheckpointWriteOptions o;
+  o.hook = [&](std::string_view phase) {
+    if (phase == "tmp-created") {
+      most = std::max(most.load(), ++in_flight);
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+    if (phase == "latest-written") {
+      --in_flight;
+      ++committed;
+    }
+  };
+  Loader l(make(), options_);
+  std::vector<std::future<std::string>> futures;
+  for (int i = 1; i <= 4; ++i) {
+    drain(l, 1);
+    futures.push_back(l.save_checkpoint_async(ckpt(), o));
+    EXPECT_GE(committed.load(), i - 1) << "save " << i << " did not wait for the one before";
+  }
+  for (std::size_t i = 0; i < futures.size(); ++i)
+    EXPECT_EQ(futures[i].get(), ckpt() + "/" + step_dir(i + 1));
+  EXPECT_EQ(most.load(), 1);
+  EXPECT_EQ(list_dir(ckpt()).size(), 2u + 4u);
 }
 
 // ---- skip ranges through checkpoints ----
