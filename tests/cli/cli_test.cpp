@@ -390,15 +390,6 @@ TEST_F(Cli, ConfigurationErrorsExitWith2AndNameFileLineAndKey) {
   EXPECT_EQ(r.err,
             "flowstate: error: bad.yaml:4:35: nodes[0].shuffle.size: 0 is out of range (must "
             "be at least 1)\n");
-  r = run({"run", "p.yaml", "--set", "nodes[1].map.length=100"});
-  EXPECT_EQ(r.status, 2);
-  // Found when the first sample is cropped: a configuration error all the same.
-  EXPECT_TRUE(std::regex_match(
-      r.err,
-      std::regex("flowstate: error: node 'random_crop': --set nodes\\[1\\]\\.map\\.length=100: "
-                 "nodes\\[1\\]\\.map\\.length: needs 100 rows, but field 'data' has shape "
-                 "\\[64\\] in record 0:[0-9]+\n")))
-      << r.err;
   r = run({"validate", "missing.yaml"});
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.err,
@@ -411,6 +402,32 @@ TEST_F(Cli, DataErrorsExitWith3AndNameTheFileAndOffset) {
   EXPECT_EQ(r.err,
             "flowstate: error: size of 'data/part-00000.bin' (32000 bytes) is not a multiple of "
             "record_bytes (48) [offset 31968]\n");
+}
+
+TEST_F(Cli, AMapThatFailsOnARecordIsADataErrorWith3) {
+  // Found when the first sample is cropped: the record is too short for the crop. It names
+  // the node, the value that asked for it and the record, and exits 3 as data errors do.
+  CliResult r = run({"run", "p.yaml", "--set", "nodes[1].map.length=100"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_TRUE(std::regex_match(
+      r.err,
+      std::regex("flowstate: error: node 'random_crop': --set nodes\\[1\\]\\.map\\.length=100: "
+                 "nodes\\[1\\]\\.map\\.length: needs 100 rows, but field 'data' has shape "
+                 "\\[64\\] in record 0:[0-9]+\n")))
+      << r.err;
+  // A decode whose shape does not fit the 64-byte records, written in the YAML.
+  write_file(path("decode.yaml"),
+             "source: {type: records, paths: data/*.bin, record_bytes: 64}\n"
+             "nodes:\n"
+             "  - map: {fn: decode, dtype: uint16, shape: [3, 7]}\n"
+             "  - batch: {size: 16}\n");
+  r = run({"run", "decode.yaml"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_TRUE(std::regex_match(
+      r.err, std::regex("flowstate: error: node 'decode': decode\\.yaml:3:45: "
+                        "nodes\\[0\\]\\.map\\.shape: field 'data' holds 64 bytes per sample, "
+                        "but uint16 \\[3, 7\\] needs 42 bytes \\(in record 0:[0-9]+\\)\n")))
+      << r.err;
 }
 
 TEST_F(Cli, CheckpointErrorsExitWith4AndSayWhatDiffers) {
