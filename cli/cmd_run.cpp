@@ -41,8 +41,12 @@ constexpr const char* kUsage =
     "  --progress-interval S   seconds between progress lines when not on a terminal\n"
     "                          (default 10; 0: a line per batch)\n\n"
     "With a checkpoint directory, the run also checkpoints its last batch when it ends, and\n"
-    "SIGTERM or SIGINT stop it cleanly (exit status 0) after checkpointing the last delivered\n"
-    "batch; a second signal kills it.\n";
+    "SIGTERM or SIGINT stop it cleanly after checkpointing the last delivered batch; a second\n"
+    "signal kills it.\n\n"
+    "exit status: 0 the run ended (end of data or --steps); 143 stopped by SIGTERM, 130 by\n"
+    "SIGINT (128 + the signal, as a shell reports it), once the final checkpoint is durable,\n"
+    "so a scheduler can tell a preempted run from a finished one; 2 usage or configuration\n"
+    "error, 3 data error, 4 checkpoint error.\n";
 
 std::atomic<int> g_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
@@ -294,6 +298,7 @@ int cmd_run(std::span<const std::string> argv) {
     const std::string prefix = std::to_string(info.step) + " " + std::to_string(info.epoch) + " " +
                                std::to_string(info.index_in_epoch);
     if (digests) digests.write(prefix + " " + hex64(b->digest()));
+  int stopped_by = 0;  // the signal that stopped the run
     if (provenance) {
       std::string line = prefix;
       for (const Ref& r : info.refs) line += " " + r.to_string();
@@ -303,6 +308,7 @@ int cmd_run(std::span<const std::string> argv) {
     if (!ckpt_dir.empty() && every > 0 && (info.step + 1) % every == 0) {
       finish_pending();
       pending = loader.save_checkpoint_async(ckpt_dir, {.keep = keep});
+      stopped_by = sig;
       checkpointed = info.step + 1;
     }
   }
@@ -325,7 +331,8 @@ int cmd_run(std::span<const std::string> argv) {
                 format_count(static_cast<double>(samples) / secs).c_str(),
                 format_bytes(static_cast<double>(bytes) / secs).c_str());
   note(summary + rates);
-  return kExitOk;
+  // Stopped by a signal: the conventional 128 + signal, after the final checkpoint above.
+  return stopped_by != 0 ? 128 + stopped_by : kExitOk;
 }
 
 }  // namespace flowstate::cli

@@ -54,7 +54,8 @@ void usage(std::FILE* out) {
                  static_cast<int>(c.summary.size()), c.summary.data());
   std::fprintf(out,
                "\nexit status: 0 success, 1 failure found (verify), 2 usage or configuration "
-               "error,\n3 data error, 4 checkpoint error\n");
+               "error,\n3 data error, 4 checkpoint error; run stopped by SIGTERM or SIGINT: "
+               "128 + the signal\n(143, 130) after its final checkpoint\n");
 }
 
 int fail(int status, const std::string& message) {
