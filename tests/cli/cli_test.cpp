@@ -162,6 +162,27 @@ TEST_F(Cli, ValidateReportsMissingDataUnlessToldNotToOpenIt) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
+TEST_F(Cli, ValidateRefusesWhatRunRefusesAtStartUp) {
+  // A decode shape that the 64-byte records do not fit passes the configuration checks; run
+  // finds it in the first batch, and so does validate, with the same message and status.
+  write_file(path("decode.yaml"),
+             "source: {type: records, paths: data/*.bin, record_bytes: 64}\n"
+             "nodes:\n"
+             "  - map: {fn: decode, dtype: uint16, shape: [3, 7]}\n"
+             "  - batch: {size: 16}\n");
+  CliResult v = run({"validate", "decode.yaml"});
+  CliResult r = run({"run", "decode.yaml"});
+  EXPECT_EQ(v.status, 3) << v.err;
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(v.out.find("data: ok"), std::string::npos) << v.out;
+  // The same message up to the record, which depends on the order the workers take them.
+  const auto upto_record = [](const std::string& e) { return e.substr(0, e.find("(in record")); };
+  EXPECT_EQ(upto_record(v.err), upto_record(r.err));
+  EXPECT_NE(v.err.find("needs 42 bytes (in record 0:"), std::string::npos) << v.err;
+  // Only the configuration: nothing to refuse.
+  EXPECT_EQ(run({"validate", "decode.yaml", "--no-data"}).status, 0);
+}
+
 // ---- run ----
 
 TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
