@@ -17,7 +17,8 @@ constexpr const char* kUsage =
     "must match to be restored by this pipeline. Then it opens the data and assembles the\n"
     "first batch, so anything `run` would refuse when it starts is refused here, with the\n"
     "same message and exit status (2 configuration, 3 data).\n\n"
-    "  --set KEY=VALUE   override a pipeline value (repeatable)\n"
+    "  --set KEY=VALUE   override a pipeline value (repeatable; nodes[1].shuffle.size=1024,\n"
+    "                    or by the node's name: shuffle.size=1024)\n"
     "  --no-data         do not open the source files (check the configuration only)\n";
 
 }  // namespace

@@ -183,6 +183,24 @@ TEST_F(Cli, ValidateRefusesWhatRunRefusesAtStartUp) {
   EXPECT_EQ(run({"validate", "decode.yaml", "--no-data"}).status, 0);
 }
 
+TEST_F(Cli, SetAddressesNodesByNameAndNamesItselfInErrors) {
+  CliResult by_name = run({"validate", "p.yaml", "--set", "shuffle.size=1024"});
+  CliResult by_index = run({"validate", "p.yaml", "--set", "nodes[0].shuffle.size=1024"});
+  ASSERT_EQ(by_name.status, 0) << by_name.err;
+  EXPECT_EQ(by_name.out, by_index.out);
+  EXPECT_NE(by_name.out.find("size: 1024"), std::string::npos) << by_name.out;
+  CliResult r = run({"validate", "p.yaml", "--set", "nodes[0].size=10"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: --set nodes[0].size=10: nodes[0] is a 'shuffle' node, whose "
+            "parameters are set as nodes[0].shuffle.KEY; did you mean nodes[0].shuffle.size?\n");
+  r = run({"validate", "p.yaml", "--set", "random_crop.length=0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: --set random_crop.length=0: nodes[1].map.length: 0 is out of range "
+            "(must be between 1 and 9e+15)\n");
+}
+
 // ---- run ----
 
 TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
