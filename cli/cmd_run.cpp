@@ -30,7 +30,8 @@ constexpr const char* kUsage =
     "  --workers N             batch-assembly workers (free: never changes the batches)\n"
     "  --checkpoint-dir D      checkpoint directory, relative to the current directory\n"
     "                          (default: the pipeline's checkpoint.dir, relative to its file)\n"
-    "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0\n"
+    "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0 (the\n"
+    "                          pipeline's checkpoint.every_steps; 0: only at the end)\n"
     "  --keep N                keep the N newest checkpoints (0: all)\n"
     "  --resume                continue from the newest valid checkpoint in the directory\n"
     "                          (none there: start from the beginning)\n"
@@ -39,7 +40,9 @@ constexpr const char* kUsage =
     "  --digests FILE|-        append '<step> <epoch> <index_in_epoch> <digest>' per batch\n"
     "  --provenance FILE|-     append '<step> <epoch> <index_in_epoch> <source>:<index>...'\n"
     "  --progress-interval S   seconds between progress lines when not on a terminal\n"
-    "                          (default 10; 0: a line per batch)\n\n"
+    "                          (default 10; 0: a line per batch). A line shows the percent\n"
+    "                          done and an ETA when the number of steps is known (--steps,\n"
+    "                          or epochs x batches per epoch)\n\n"
     "With a checkpoint directory, the run also checkpoints its last batch when it ends, and\n"
     "SIGTERM or SIGINT stop it cleanly after checkpointing the last delivered batch; a second\n"
     "signal kills it.\n\n"
@@ -128,17 +131,27 @@ class Progress {
     if (tty_) interval_ = 0.25;
   }
 
-  void batch(const Batch& b, std::uint64_t bytes) {
+  /// `total`: the steps the run will have scheduled when it ends, when known.
+  void batch(const Batch& b, std::uint64_t bytes, std::optional<std::uint64_t> total) {
     samples_ += b.info.num_samples;
     bytes_ += bytes;
+    ++batches_;
     const double dt = seconds_since(since_);
     if (dt < interval_) return;
-    char line[256];
-    std::snprintf(line, sizeof(line), "step %llu  epoch %llu  %ssamples/s  %s/s",
-                  static_cast<unsigned long long>(b.info.step),
-                  static_cast<unsigned long long>(b.info.epoch),
-                  format_count(static_cast<double>(samples_) / dt).c_str(),
-                  format_bytes(static_cast<double>(bytes_) / dt).c_str());
+    char line[320];
+    int n = std::snprintf(line, sizeof(line), "step %llu  epoch %llu  %ssamples/s  %s/s",
+                          static_cast<unsigned long long>(b.info.step),
+                          static_cast<unsigned long long>(b.info.epoch),
+                          format_count(static_cast<double>(samples_) / dt).c_str(),
+                          format_bytes(static_cast<double>(bytes_) / dt).c_str());
+    if (total && *total > b.info.step) {
+      // The ETA assumes the rest goes at this run's average rate so far.
+      const std::uint64_t done = b.info.step + 1, left = *total - done;
+      const double rate = static_cast<double>(batches_) / std::max(seconds_since(start_), 1e-9);
+      std::snprintf(line + n, sizeof(line) - static_cast<std::size_t>(n), "  %.1f%%  ETA %s",
+                    100.0 * static_cast<double>(done) / static_cast<double>(*total),
+                    format_duration(static_cast<double>(left) / rate).c_str());
+    }
     if (tty_) {
       std::fprintf(stderr, "\r\033[K%s", line);
       std::fflush(stderr);
@@ -157,11 +170,25 @@ class Progress {
   }
 
  private:
+  /// "42s", "3m05s", "2h07m".
+  static std::string format_duration(double s) {
+    const auto t = static_cast<unsigned long long>(std::min(s, 1e9) + 0.5);
+    char buf[48];
+    if (t >= 3600)
+      std::snprintf(buf, sizeof(buf), "%lluh%02llum", t / 3600, t % 3600 / 60);
+    else if (t >= 60)
+      std::snprintf(buf, sizeof(buf), "%llum%02llus", t / 60, t % 60);
+    else
+      std::snprintf(buf, sizeof(buf), "%llus", t);
+    return buf;
+  }
+
   bool tty_;
   double interval_;
   bool live_ = false;
-  Clock::time_point since_ = Clock::now();
-  std::uint64_t samples_ = 0, bytes_ = 0;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point since_ = start_;
+  std::uint64_t samples_ = 0, bytes_ = 0, batches_ = 0;
 };
 
 std::pair<std::uint64_t, std::uint64_t> parse_skip(const std::string& s) {
@@ -271,6 +298,7 @@ int cmd_run(std::span<const std::string> argv) {
   };
 
   std::string reason;
+  int stopped_by = 0;  // the signal that stopped the run
   for (;;) {
     const std::uint64_t next = next_delivered(last ? *last + 1 : 0, skips);
     if (steps && next >= *steps) {
@@ -280,6 +308,7 @@ int cmd_run(std::span<const std::string> argv) {
     }
     if (int sig = g_signal.load(); sig != 0) {
       reason = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      stopped_by = sig;
       break;
     }
     std::optional<Batch> b = loader.next();
@@ -298,17 +327,18 @@ int cmd_run(std::span<const std::string> argv) {
     const std::string prefix = std::to_string(info.step) + " " + std::to_string(info.epoch) + " " +
                                std::to_string(info.index_in_epoch);
     if (digests) digests.write(prefix + " " + hex64(b->digest()));
-  int stopped_by = 0;  // the signal that stopped the run
     if (provenance) {
       std::string line = prefix;
       for (const Ref& r : info.refs) line += " " + r.to_string();
       provenance.write(line);
     }
-    progress.batch(*b, nbytes);
+    std::optional<std::uint64_t> total = steps;
+    if (!total && options.epochs > 0 && info.batches_in_epoch)
+      total = options.epochs * *info.batches_in_epoch;
+    progress.batch(*b, nbytes, total);
     if (!ckpt_dir.empty() && every > 0 && (info.step + 1) % every == 0) {
       finish_pending();
       pending = loader.save_checkpoint_async(ckpt_dir, {.keep = keep});
-      stopped_by = sig;
       checkpointed = info.step + 1;
     }
   }

@@ -201,6 +201,56 @@ TEST_F(Cli, SetAddressesNodesByNameAndNamesItselfInErrors) {
             "(must be between 1 and 9e+15)\n");
 }
 
+// ---- the command line ----
+
+TEST_F(Cli, VersionHelpAndDidYouMean) {
+  CliResult r = run({"--version"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("flowstate [0-9]+\\.[0-9]+\\.[0-9]+\n"))) << r.out;
+  CliResult help = run({"help", "run"});
+  CliResult flag = run({"run", "--help"});
+  EXPECT_EQ(help.status, 0);
+  EXPECT_EQ(help.out, flag.out);
+  EXPECT_NE(help.out.find("--checkpoint-every K"), std::string::npos);
+  EXPECT_NE(help.out.find("checkpoint.every_steps"), std::string::npos);
+  EXPECT_NE(help.out.find("143 stopped by SIGTERM, 130 by\nSIGINT"), std::string::npos) << help.out;
+  r = run({"run", "p.yaml", "--chekpoint-dir", "ck"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: unknown option '--chekpoint-dir'; did you mean "
+            "'--checkpoint-dir'? (see 'flowstate run --help')\n");
+  r = run({"rnu", "p.yaml"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("flowstate: error: unknown command 'rnu'; did you mean 'run'?\n"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(Cli, CheckpointEveryIsTheYamlsEverySteps) {
+  CliResult r =
+      run({"run", "p.yaml", "--steps", "10", "--checkpoint-dir", "ck", "--checkpoint-every", "4"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(path("ck/" + step_dir(4))));
+  EXPECT_TRUE(fs::exists(path("ck/" + step_dir(8))));
+  EXPECT_TRUE(fs::exists(path("ck/" + step_dir(10))));  // the end
+}
+
+TEST_F(Cli, ProgressShowsPercentAndEtaWhenTheStepsAreKnown) {
+  // --steps: the total.
+  CliResult r = run({"run", "p.yaml", "--steps", "40", "--progress-interval", "0"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex("flowstate: step 19  epoch 0  [0-9.]+ [kMG]?samples/s  [0-9.]+ "
+                        "[kMG]?B/s  50\\.0%  ETA [0-9]+[hms0-9]*\n")))
+      << r.err;
+  // Epochs x batches per epoch: the total.
+  r = run({"run", "p.yaml", "--epochs", "1", "--progress-interval", "0"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(
+      std::regex_search(r.err, std::regex("flowstate: step 24  epoch 0  .*  20\\.0%  ETA ")))
+      << r.err;
+}
+
 // ---- run ----
 
 TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
@@ -240,10 +290,13 @@ TEST_F(Cli, RunToTheEndOfTheDataAndReportProgress) {
   EXPECT_NE(r.err.find("run finished (end of data): 250 batches, steps 0..249, epoch 1"),
             std::string::npos)
       << r.err;
-  // Not a terminal: a plain line per progress report.
+  // Not a terminal: a plain line per progress report; 2 epochs of 125 batches are known.
   EXPECT_TRUE(std::regex_search(
-      r.err,
-      std::regex("flowstate: step 249  epoch 1  [0-9.]+ [kMG]?samples/s  [0-9.]+ [kMG]?B/s\n")))
+      r.err, std::regex("flowstate: step 249  epoch 1  [0-9.]+ [kMG]?samples/s  [0-9.]+ "
+                        "[kMG]?B/s  100\\.0%  ETA 0s\n")))
+      << r.err;
+  EXPECT_TRUE(
+      std::regex_search(r.err, std::regex("flowstate: step 124  epoch 0 .*  50\\.0%  ETA ")))
       << r.err;
 }
 
