@@ -251,6 +251,20 @@ TEST_F(Cli, ProgressShowsPercentAndEtaWhenTheStepsAreKnown) {
       << r.err;
 }
 
+TEST_F(Cli, BenchNamesTheBottleneckAndWarnsWhenTheTimingIsShort) {
+  CliResult r = run({"bench", "p.yaml", "--steps", "20", "--warmup", "2", "--repeat", "1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("\nbottleneck: ((spine|assemble|deliver) \\([0-9]+% busy on [0-9]+ "
+                        "workers?\\)|the consumer \\(the graph waited on it [0-9]+ times, it "
+                        "on the graph [0-9]+\\))\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex("flowstate: warning: the timed part took [0-9.]+ m?s, shorter than a "
+                        "second: the numbers are noisy; time more batches \\(--steps\\)\n")))
+      << r.err;
+}
+
 // ---- run ----
 
 TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
