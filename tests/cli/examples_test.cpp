@@ -214,5 +214,38 @@ TEST(Examples, MixedTextSigtermThenResumeEqualsAnUninterruptedRun) {
   EXPECT_GE(std::stoull(ref.back().substr(ref.back().find(' ') + 1)), 1u) << ref.back();
 }
 
+#ifdef FLOWSTATE_MAIN_JOB
+TEST(Examples, MainJobHelpPrintsUsageAndWritesNothing) {
+  TempDir dir;
+  for (const char* help : {"--help", "-h"}) {
+    CliResult r = testing::run_program(FLOWSTATE_MAIN_JOB, {help}, dir.str());
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.rfind("usage: main_job [--dir DIR] [--records N] [--workers W]\n", 0), 0u)
+        << r.out;
+    EXPECT_NE(r.out.find("default: build/demo"), std::string::npos) << r.out;
+  }
+  CliResult r = testing::run_program(FLOWSTATE_MAIN_JOB, {"--records"}, dir.str());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err.rfind("main_job: --records needs a value\nusage: main_job", 0), 0u) << r.err;
+  r = testing::run_program(FLOWSTATE_MAIN_JOB, {"--recrods", "10"}, dir.str());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "main_job wrote into the directory";
+}
+
+TEST(Examples, MainJobWritesUnderBuildByDefault) {
+  TempDir dir;
+  CliResult r = testing::run_program(FLOWSTATE_MAIN_JOB, {"--records", "8192"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("under build/demo/data"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("OK: all "), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir / "build/demo/data/train-00000.bin"));
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "build/demo/checkpoints"));
+  // Nothing beside build/.
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
+  EXPECT_EQ(entries, 1u);
+}
+#endif
+
 }  // namespace
 }  // namespace flowstate
