@@ -11,7 +11,10 @@ constexpr const char* kUsage =
     "usage: flowstate bench PIPELINE.yaml [options]\n\n"
     "Runs the pipeline as fast as it goes — the consumer takes each batch and drops it — and\n"
     "reports samples/s and MB/s (median, min and max over the repeats), the time to the first\n"
-    "batch, peak memory, and each stage's busy time, so the bottleneck shows.\n\n"
+    "batch, peak memory, and each stage's busy time, and names the bottleneck in one line:\n"
+    "the busiest stage ('bottleneck: assemble (92% busy on 2 workers)'), or 'the consumer'\n"
+    "when the graph waits on it. A timed part shorter than a second per run gets a warning:\n"
+    "such numbers are mostly noise.\n\n"
     "  --steps N         batches timed per repeat (default 500; 0: until the epochs end)\n"
     "  --warmup W        batches consumed before the timing starts (default 50)\n"
     "  --repeat R        runs, each with a fresh loader (default 3)\n"
@@ -54,6 +57,18 @@ int cmd_bench(std::span<const std::string> argv) {
   std::FILE* text = json && *json == "-" ? stderr : stdout;
   std::fputs(bench::format_report(report).c_str(), text);
   std::fflush(text);
+  if (const bench::RunReport* run = bench::median_run(report); run != nullptr && run->seconds < 1) {
+    char took[32], warning[200];
+    if (run->seconds >= 0.1)
+      std::snprintf(took, sizeof(took), "%.2f s", run->seconds);
+    else
+      std::snprintf(took, sizeof(took), "%.2f ms", run->seconds * 1e3);
+    std::snprintf(warning, sizeof(warning),
+                  "warning: the timed part took %s, shorter than a second: the numbers are "
+                  "noisy; time more batches (--steps)",
+                  took);
+    note(warning);
+  }
   if (json) bench::write_json(report, *json);
   return kExitOk;
 }

@@ -30,7 +30,8 @@ constexpr const char* kUsage =
     "  --workers N             batch-assembly workers (free: never changes the batches)\n"
     "  --checkpoint-dir D      checkpoint directory, relative to the current directory\n"
     "                          (default: the pipeline's checkpoint.dir, relative to its file)\n"
-    "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0\n"
+    "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0 (the\n"
+    "                          pipeline's checkpoint.every_steps; 0: only at the end)\n"
     "  --keep N                keep the N newest checkpoints (0: all)\n"
     "  --resume                continue from the newest step-N directory that verifies;\n"
     "                          LATEST is only a hint. An empty or missing directory starts\n"
@@ -44,10 +45,16 @@ constexpr const char* kUsage =
     "  --digests FILE|-        append '<step> <epoch> <index_in_epoch> <digest>' per batch\n"
     "  --provenance FILE|-     append '<step> <epoch> <index_in_epoch> <source>:<index>...'\n"
     "  --progress-interval S   seconds between progress lines when not on a terminal\n"
-    "                          (default 10; 0: a line per batch)\n\n"
+    "                          (default 10; 0: a line per batch). A line shows the percent\n"
+    "                          done and an ETA when the number of steps is known (--steps,\n"
+    "                          or epochs x batches per epoch)\n\n"
     "With a checkpoint directory, the run also checkpoints its last batch when it ends, and\n"
-    "SIGTERM or SIGINT stop it cleanly (exit status 0) after checkpointing the last delivered\n"
-    "batch; a second signal kills it.\n";
+    "SIGTERM or SIGINT stop it cleanly after checkpointing the last delivered batch; a second\n"
+    "signal kills it.\n\n"
+    "exit status: 0 the run ended (end of data or --steps); 143 stopped by SIGTERM, 130 by\n"
+    "SIGINT (128 + the signal, as a shell reports it), once the final checkpoint is durable,\n"
+    "so a scheduler can tell a preempted run from a finished one; 2 usage or configuration\n"
+    "error, 3 data error, 4 checkpoint error.\n";
 
 std::atomic<int> g_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
@@ -129,17 +136,27 @@ class Progress {
     if (tty_) interval_ = 0.25;
   }
 
-  void batch(const Batch& b, std::uint64_t bytes) {
+  /// `total`: the steps the run will have scheduled when it ends, when known.
+  void batch(const Batch& b, std::uint64_t bytes, std::optional<std::uint64_t> total) {
     samples_ += b.info.num_samples;
     bytes_ += bytes;
+    ++batches_;
     const double dt = seconds_since(since_);
     if (dt < interval_) return;
-    char line[256];
-    std::snprintf(line, sizeof(line), "step %llu  epoch %llu  %ssamples/s  %s/s",
-                  static_cast<unsigned long long>(b.info.step),
-                  static_cast<unsigned long long>(b.info.epoch),
-                  format_count(static_cast<double>(samples_) / dt).c_str(),
-                  format_bytes(static_cast<double>(bytes_) / dt).c_str());
+    char line[320];
+    int n = std::snprintf(line, sizeof(line), "step %llu  epoch %llu  %ssamples/s  %s/s",
+                          static_cast<unsigned long long>(b.info.step),
+                          static_cast<unsigned long long>(b.info.epoch),
+                          format_count(static_cast<double>(samples_) / dt).c_str(),
+                          format_bytes(static_cast<double>(bytes_) / dt).c_str());
+    if (total && *total > b.info.step) {
+      // The ETA assumes the rest goes at this run's average rate so far.
+      const std::uint64_t done = b.info.step + 1, left = *total - done;
+      const double rate = static_cast<double>(batches_) / std::max(seconds_since(start_), 1e-9);
+      std::snprintf(line + n, sizeof(line) - static_cast<std::size_t>(n), "  %.1f%%  ETA %s",
+                    100.0 * static_cast<double>(done) / static_cast<double>(*total),
+                    format_duration(static_cast<double>(left) / rate).c_str());
+    }
     if (tty_) {
       std::fprintf(stderr, "\r\033[K%s", line);
       std::fflush(stderr);
@@ -158,11 +175,25 @@ class Progress {
   }
 
  private:
+  /// "42s", "3m05s", "2h07m".
+  static std::string format_duration(double s) {
+    const auto t = static_cast<unsigned long long>(std::min(s, 1e9) + 0.5);
+    char buf[48];
+    if (t >= 3600)
+      std::snprintf(buf, sizeof(buf), "%lluh%02llum", t / 3600, t % 3600 / 60);
+    else if (t >= 60)
+      std::snprintf(buf, sizeof(buf), "%llum%02llus", t / 60, t % 60);
+    else
+      std::snprintf(buf, sizeof(buf), "%llus", t);
+    return buf;
+  }
+
   bool tty_;
   double interval_;
   bool live_ = false;
-  Clock::time_point since_ = Clock::now();
-  std::uint64_t samples_ = 0, bytes_ = 0;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point since_ = start_;
+  std::uint64_t samples_ = 0, bytes_ = 0, batches_ = 0;
 };
 
 std::pair<std::uint64_t, std::uint64_t> parse_skip(const std::string& s) {
@@ -292,6 +323,7 @@ int cmd_run(std::span<const std::string> argv) {
   };
 
   std::string reason;
+  int stopped_by = 0;  // the signal that stopped the run
   for (;;) {
     const std::uint64_t next = next_delivered(last ? *last + 1 : 0, skips);
     if (steps && next >= *steps) {
@@ -301,6 +333,7 @@ int cmd_run(std::span<const std::string> argv) {
     }
     if (int sig = g_signal.load(); sig != 0) {
       reason = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      stopped_by = sig;
       break;
     }
     std::optional<Batch> b = loader.next();
@@ -324,7 +357,10 @@ int cmd_run(std::span<const std::string> argv) {
       for (const Ref& r : info.refs) line += " " + r.to_string();
       provenance.write(line);
     }
-    progress.batch(*b, nbytes);
+    std::optional<std::uint64_t> total = steps;
+    if (!total && options.epochs > 0 && info.batches_in_epoch)
+      total = options.epochs * *info.batches_in_epoch;
+    progress.batch(*b, nbytes, total);
     if (!ckpt_dir.empty() && every > 0 && (info.step + 1) % every == 0) {
       finish_pending();
       pending = loader.save_checkpoint_async(ckpt_dir, {.keep = keep});
@@ -350,7 +386,8 @@ int cmd_run(std::span<const std::string> argv) {
                 format_count(static_cast<double>(samples) / secs).c_str(),
                 format_bytes(static_cast<double>(bytes) / secs).c_str());
   note(summary + rates);
-  return kExitOk;
+  // Stopped by a signal: the conventional 128 + signal, after the final checkpoint above.
+  return stopped_by != 0 ? 128 + stopped_by : kExitOk;
 }
 
 }  // namespace flowstate::cli

@@ -1,6 +1,8 @@
 // `flowstate validate`: checks a YAML pipeline and prints the resolved graph — every node with
-// every parameter, defaults filled in — and its fingerprint. Opens the data too, unless told
-// not to, so a glob that matches nothing is found before a run.
+// every parameter, defaults filled in — and its fingerprint. Unless told not to, it also builds
+// the graph on the data and assembles the first batch, as `run` does when it starts, so what
+// `run` would refuse at start-up (a glob that matches nothing, a decode shape the records do
+// not fit) is refused here with the same message and exit status.
 #include "cli/command.h"
 #include "core/hash.h"
 #include "graph/loader.h"
@@ -12,8 +14,11 @@ constexpr const char* kUsage =
     "usage: flowstate validate PIPELINE.yaml [--set KEY=VALUE]... [--no-data]\n\n"
     "Checks the pipeline and prints the resolved graph (every node with every parameter,\n"
     "defaults filled in, free parameters marked) and its fingerprint: what a checkpoint\n"
-    "must match to be restored by this pipeline.\n\n"
-    "  --set KEY=VALUE   override a pipeline value (repeatable)\n"
+    "must match to be restored by this pipeline. Then it opens the data and assembles the\n"
+    "first batch, so anything `run` would refuse when it starts is refused here, with the\n"
+    "same message and exit status (2 configuration, 3 data).\n\n"
+    "  --set KEY=VALUE   override a pipeline value (repeatable; nodes[1].shuffle.size=1024,\n"
+    "                    or by the node's name: shuffle.size=1024)\n"
     "  --no-data         do not open the source files (check the configuration only)\n";
 
 }  // namespace
@@ -38,7 +43,10 @@ int cmd_validate(std::span<const std::string> argv) {
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);
   if (!args.has("--no-data")) {
-    Loader open(config.pipeline);  // opens every source: DataError when a file is missing
+    // As `run` starts: every source opened (DataError when a file is missing), the graph
+    // built and one batch assembled (every map applied to its samples).
+    Loader open(config.pipeline, {.epochs = config.epochs});
+    open.next();
     std::fputs("data: ok\n", stdout);
   }
   return kExitOk;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "config/yaml_support.h"
 #include "core/error.h"
 #include "nodes/device_copy.h"
 #include "serialization/checkpoint.h"
@@ -48,7 +49,11 @@ Args::Args(std::span<const std::string> args, std::initializer_list<std::string_
       }
       flags_.emplace_back(flag, value);
     } else {
-      throw UsageError("unknown option '" + flag + "'");
+      std::vector<std::string> known_flags(with_value.begin(), with_value.end());
+      known_flags.insert(known_flags.end(), switches.begin(), switches.end());
+      known_flags.emplace_back("--help");
+      throw UsageError("unknown option '" + flag + "'" +
+                       yaml_support::suggestion(flag, known_flags));
     }
   }
 }

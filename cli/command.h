@@ -41,7 +41,8 @@ class UsageError : public std::runtime_error {
 class Args {
  public:
   /// `with_value` lists the flags that take a value, `switches` those that do not. Throws
-  /// UsageError naming an unknown flag or a flag without its value.
+  /// UsageError naming an unknown flag (with the closest known one: "unknown option
+  /// '--chekpoint-dir'; did you mean '--checkpoint-dir'?") or a flag without its value.
   Args(std::span<const std::string> args, std::initializer_list<std::string_view> with_value,
        std::initializer_list<std::string_view> switches = {});
 

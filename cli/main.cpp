@@ -1,4 +1,5 @@
-// The `flowstate` command: `flowstate [--plugin PATH.so]... COMMAND [ARGS...]`. Each command lives
+// The `flowstate` command: `flowstate [--plugin PATH.so]... COMMAND [ARGS...]`,
+// `flowstate --version`, `flowstate help [COMMAND]`. Each command lives
 // in cli/cmd_NAME.cpp and defines `int flowstate::cli::cmd_NAME(std::span<const std::string>)`.
 // Errors are exceptions up to here, where they become `flowstate: error: ...` on stderr and an
 // exit status: 2 usage or configuration, 3 data, 4 checkpoint, 1 anything else.
@@ -11,6 +12,7 @@
 
 #include "cli/command.h"
 #include "config/plugins.h"
+#include "config/yaml_support.h"
 #include "core/error.h"
 
 // The command table: adding a command is one line here (plus its cli/cmd_NAME.cpp, which
@@ -44,17 +46,19 @@ constexpr Command kCommands[] = {FLOWSTATE_CLI_COMMANDS(FLOWSTATE_ENTRY)};
 
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: flowstate [--plugin PATH.so]... COMMAND [ARGS...]   (flowstate COMMAND "
-               "--help for details)\n\n"
+               "usage: flowstate [--plugin PATH.so]... COMMAND [ARGS...]   (flowstate help "
+               "COMMAND\n       or flowstate COMMAND --help for details)\n\n"
                "  --plugin PATH.so   load a plugin library that adds node types and map\n"
-               "                     transforms (repeatable; a YAML's `plugins:` does the same)\n\n"
+               "                     transforms (repeatable; a YAML's `plugins:` does the same)\n"
+               "  --version          print the version and exit\n\n"
                "commands:\n");
   for (const auto& c : kCommands)
     std::fprintf(out, "  %-10.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
                  static_cast<int>(c.summary.size()), c.summary.data());
   std::fprintf(out,
                "\nexit status: 0 success, 1 failure found (verify), 2 usage or configuration "
-               "error,\n3 data error, 4 checkpoint error\n");
+               "error,\n3 data error, 4 checkpoint error; run stopped by SIGTERM or SIGINT: "
+               "128 + the signal\n(143, 130) after its final checkpoint\n");
 }
 
 int fail(int status, const std::string& message) {
@@ -91,16 +95,26 @@ int main(int argc, char** argv) {
     usage(stderr);
     return kExitUsage;
   }
+  if (args[0] == "--version") {
+    std::printf("flowstate %s\n", FLOWSTATE_VERSION);
+    return kExitOk;
+  }
+  // `flowstate help COMMAND` is `flowstate COMMAND --help`.
+  if (args[0] == "help" && args.size() > 1) args = {args[1], "--help"};
   if (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
     usage(stdout);
     return kExitOk;
   }
   const Command* command = nullptr;
-  for (const auto& c : kCommands)
+  std::vector<std::string> names;
+  for (const auto& c : kCommands) {
     if (c.name == args[0]) command = &c;
+    names.emplace_back(c.name);
+  }
   if (command == nullptr) {
     usage(stderr);
-    return fail(kExitUsage, "unknown command '" + args[0] + "'");
+    return fail(kExitUsage,
+                "unknown command '" + args[0] + "'" + yaml_support::suggestion(args[0], names));
   }
   try {
     return command->run(std::span<const std::string>(args).subspan(1));

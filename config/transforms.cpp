@@ -73,6 +73,13 @@ ConfigError param_error(const Params& p, std::string_view param, const std::stri
   return ConfigError(key, (where.empty() ? "" : where + ": ") + key + ": " + message);
 }
 
+DataError param_data_error(const Params& p, std::string_view param, const std::string& message) {
+  const std::string key = p.key(param);
+  const std::string where = p.where(param);
+  return DataError("", DataError::kNoOffset,
+                   (where.empty() ? "" : where + ": ") + key + ": " + message);
+}
+
 // ---- helpers ----
 
 namespace {
@@ -219,12 +226,15 @@ struct DecodeSpec {
   DType dtype;
   std::optional<std::vector<std::int64_t>> dims;  ///< none: 1-D, inferred
 
-  Shape row_shape(std::size_t row_bytes, const Params& p, const std::string& field) const {
+  /// The shape of one row; `where` names the record or batch ("in record 0:17"). A row that
+  /// the shape does not fit is a DataError: the record's size is what the data says.
+  Shape row_shape(std::size_t row_bytes, const Params& p, const std::string& field,
+                  const std::string& where) const {
     const std::size_t elem = dtype_size(dtype);
     auto mismatch = [&](const std::string& need) {
-      return param_error(p, dims ? "shape" : "dtype",
-                         "field '" + field + "' holds " + std::to_string(row_bytes) +
-                             " bytes per sample, " + need);
+      return param_data_error(p, dims ? "shape" : "dtype",
+                              "field '" + field + "' holds " + std::to_string(row_bytes) +
+                                  " bytes per sample, " + need + " (" + where + ")");
     };
     if (!dims) {
       if (row_bytes % elem != 0)
@@ -298,7 +308,7 @@ TransformSchema decode_transform() {
     FieldRef field(p);
     return [spec, field, p](Sample& s, MapContext&) {
       const Tensor& in = field.get(s, p);
-      Shape shape = spec.row_shape(in.nbytes(), p, field.name());
+      Shape shape = spec.row_shape(in.nbytes(), p, field.name(), "in record " + s.ref.to_string());
       s.set(field.id(), decode_bytes(in, spec.dtype, shape));
     };
   };
@@ -308,10 +318,12 @@ TransformSchema decode_transform() {
     return [spec, field, p](Batch& b, MapContext&) {
       const Tensor& in = field.get(b.fields, p);
       if (in.shape().rank() == 0)
-        throw param_error(p, "field", "field '" + field.name() + "' is a scalar, not a batch");
+        throw param_data_error(p, "field", "field '" + field.name() + "' is a scalar, not a batch");
       const std::int64_t rows = in.shape()[0];
       const std::size_t row_bytes = rows == 0 ? 0 : in.nbytes() / static_cast<std::size_t>(rows);
-      Shape shape = spec.row_shape(row_bytes, p, field.name()).prepend(rows);
+      Shape shape =
+          spec.row_shape(row_bytes, p, field.name(), "in a batch of " + std::to_string(rows))
+              .prepend(rows);
       b.fields.set(field.id(), decode_bytes(in, spec.dtype, shape));
     };
   };
@@ -372,14 +384,16 @@ Tensor rows(const Tensor& in, std::int64_t start, std::int64_t length) {
 const Tensor& first_dim_field(const Sample& s, const FieldRef& field, const Params& p,
                               std::string_view length_param, std::uint64_t need) {
   const Tensor& in = field.get(s, p);
+  // What the record holds is data: a record too short for the crop is a DataError.
   if (in.shape().rank() == 0)
-    throw param_error(p, "field",
-                      "field '" + field.name() + "' is a scalar; there is no dimension to cut");
+    throw param_data_error(p, "field",
+                           "field '" + field.name() + "' is a scalar in record " +
+                               s.ref.to_string() + "; there is no dimension to cut");
   if (static_cast<std::uint64_t>(in.shape()[0]) < need)
-    throw param_error(p, length_param,
-                      "needs " + std::to_string(need) + " rows, but field '" + field.name() +
-                          "' has shape " + in.shape().to_string() + " in record " +
-                          s.ref.to_string());
+    throw param_data_error(p, length_param,
+                           "needs " + std::to_string(need) + " rows, but field '" + field.name() +
+                               "' has shape " + in.shape().to_string() + " in record " +
+                               s.ref.to_string());
   return in;
 }
 

@@ -82,4 +82,10 @@ ParamSchema field_param();
 /// "file:line:col: key: message" (the location omitted when unknown).
 ConfigError param_error(const Params& p, std::string_view param, const std::string& message);
 
+/// A DataError about what a record (or batch) holds, found at run time while applying
+/// parameter `param` of `p`: the message is param_error's ("file:line:col: key: message"), so
+/// it still points at the YAML value, but the data is what does not fit it (exit status 3).
+/// Problems the configuration alone shows stay ConfigErrors, found when the pipeline is built.
+DataError param_data_error(const Params& p, std::string_view param, const std::string& message);
+
 }  // namespace flowstate

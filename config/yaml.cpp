@@ -304,8 +304,7 @@ class YamlLoader {
       fail(root, "",
            "a pipeline is a map with the keys seed, source, nodes, ... (got " +
                describe_node(root) + ")");
-    static const std::vector<std::string> kTop{"seed",    "source",     "nodes",  "epochs",
-                                               "workers", "checkpoint", "plugins"};
+    const std::vector<std::string>& kTop = top_level_keys();
     YAML::Node source, nodes, checkpoint, plugins;
     bool has_source = false, has_nodes = false, has_checkpoint = false, has_plugins = false;
     std::set<std::string> seen;

@@ -161,20 +161,96 @@ std::optional<YAML::Node> child(const YAML::Node& map, const std::string& key) {
   return std::nullopt;
 }
 
+const std::vector<std::string>& top_level_keys() {
+  static const std::vector<std::string> keys{"seed",    "source",     "nodes",  "epochs",
+                                             "workers", "checkpoint", "plugins"};
+  return keys;
+}
+
+namespace {
+
+/// The type of a `nodes:` entry ("- shuffle: {...}" or "- shuffle"), "" when it has none.
+std::string entry_type(const YAML::Node& entry) {
+  if (entry.IsScalar()) return entry.Scalar();
+  if (entry.IsMap() && entry.size() == 1 && entry.begin()->first.IsScalar())
+    return entry.begin()->first.Scalar();
+  return "";
+}
+
+/// The names --set may address an entry by: its type, and a map's or filter's fn.
+std::vector<std::string> entry_names(const YAML::Node& entry) {
+  std::vector<std::string> names;
+  const std::string type = entry_type(entry);
+  if (type.empty()) return names;
+  names.push_back(type);
+  if (entry.IsMap() && (type == "map" || type == "filter")) {
+    const YAML::Node params(entry.begin()->second);
+    if (params.IsMap())
+      if (std::optional<YAML::Node> fn = child(params, "fn"); fn && fn->IsScalar())
+        if (fn->Scalar() != type) names.push_back(fn->Scalar());
+  }
+  return names;
+}
+
+/// Replaces a leading node name in `segs` with nodes[i].TYPE; returns the canonical path.
+std::string resolve_node_name(const YAML::Node& root, std::vector<Segment>& segs,
+                              const std::string& path, const std::string& text) {
+  const std::vector<std::string>& top = top_level_keys();
+  if (segs[0].index || std::find(top.begin(), top.end(), segs[0].key) != top.end()) return path;
+  const std::string& name = segs[0].key;
+  std::optional<YAML::Node> nodes = child(root, "nodes");
+  std::vector<std::size_t> found;
+  std::vector<std::string> known;
+  if (nodes && nodes->IsSequence()) {
+    for (std::size_t i = 0; i < nodes->size(); ++i) {
+      const std::vector<std::string> names = entry_names((*nodes)[i]);
+      if (std::find(names.begin(), names.end(), name) != names.end()) found.push_back(i);
+      for (const auto& n : names)
+        if (std::find(known.begin(), known.end(), n) == known.end()) known.push_back(n);
+    }
+  }
+  auto entry = [&](std::size_t i) { return "nodes[" + std::to_string(i) + "]"; };
+  if (found.empty()) {
+    std::vector<std::string> all = top;
+    all.insert(all.end(), known.begin(), known.end());
+    throw ConfigError(path, text + ": unknown top-level key or node name '" + name +
+                                "' (top-level keys: " + join(top) +
+                                (known.empty() ? "" : "; nodes: " + join(known)) + ")" +
+                                suggestion(name, all));
+  }
+  if (found.size() > 1) {
+    std::vector<std::string> candidates;
+    for (std::size_t i : found) candidates.push_back(entry(i) + "." + entry_type((*nodes)[i]));
+    throw ConfigError(path, text + ": '" + name + "' names " + std::to_string(found.size()) +
+                                " nodes: " + join(candidates) + "; address one by its index");
+  }
+  const std::size_t i = found[0];
+  const std::string type = entry_type((*nodes)[i]);
+  std::vector<Segment> resolved{{"nodes", std::nullopt}, {"", i}, {type, std::nullopt}};
+  resolved.insert(resolved.end(), segs.begin() + 1, segs.end());
+  segs = std::move(resolved);
+  std::string out = entry(i) + "." + type;
+  for (std::size_t k = 3; k < segs.size(); ++k)
+    out += segs[k].index ? "[" + std::to_string(*segs[k].index) + "]" : "." + segs[k].key;
+  return out;
+}
+
+}  // namespace
+
 Override apply_override(YAML::Node& root, const std::string& spec) {
   const std::string text = "--set " + spec;
   std::size_t eq = spec.find('=');
   if (eq == std::string::npos)
     throw ConfigError("", text + ": expected key.path=value (e.g. --set seed=7)");
-  const std::string path = spec.substr(0, eq);
-  std::vector<Segment> segs = parse_key_path(path, text);
+  std::vector<Segment> segs = parse_key_path(spec.substr(0, eq), text);
+  if (!root.IsMap()) throw ConfigError(spec.substr(0, eq), text + ": the pipeline is not a map");
+  const std::string path = resolve_node_name(root, segs, spec.substr(0, eq), text);
   YAML::Node value;
   try {
     value = YAML::Load(spec.substr(eq + 1));
   } catch (const YAML::Exception& e) {
     throw ConfigError(path, text + ": the value is not valid YAML: " + e.msg);
   }
-  if (!root.IsMap()) throw ConfigError(path, text + ": the pipeline is not a map");
   YAML::Node cur(root);
   std::string at;
   for (std::size_t i = 0; i < segs.size(); ++i) {
@@ -196,6 +272,18 @@ Override apply_override(YAML::Node& root, const std::string& spec) {
         cur.reset(next);
       }
     } else {
+      // An entry of nodes: is a one-key map TYPE -> parameters; a parameter given straight
+      // after nodes[i] would add a second key.
+      if (i == 2 && segs[0].key == "nodes" && segs[1].index) {
+        const std::string type = entry_type(cur);
+        if (!type.empty() && type != s.key) {
+          std::string hint = suggestion(s.key, {type});  // a misspelt type
+          if (hint.empty()) hint = "; did you mean " + at + "." + type + "." + s.key + "?";
+          throw ConfigError(path, text + ": " + at + " is a '" + type +
+                                      "' node, whose parameters are set as " + at + "." + type +
+                                      ".KEY" + hint);
+        }
+      }
       if (cur.IsNull()) cur = YAML::Node(YAML::NodeType::Map);  // "checkpoint:" with no value
       if (cur.IsScalar() && cur.Scalar() == s.key) {
         // A bare node name ("- shard") given parameters: {shard: {...}}.

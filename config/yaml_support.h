@@ -44,8 +44,15 @@ IntText parse_integer(const std::string& s, bool& negative, std::uint64_t& magni
 std::optional<YAML::Node> child(const YAML::Node& map, const std::string& key);
 /// Splits "nodes[1].shuffle.size" into segments; throws ConfigError naming `text` (the --set).
 std::vector<Segment> parse_key_path(const std::string& path, const std::string& text);
-/// Applies one "key.path=value" override to `root`; returns what it set. Throws ConfigError
-/// naming the override.
+/// The keys of a pipeline's top level.
+const std::vector<std::string>& top_level_keys();
+
+/// Applies one "key.path=value" override to `root`; returns what it set (its key is the
+/// canonical path, "nodes[0].shuffle.size"). A path may start with a node's name instead of
+/// nodes[i].TYPE: its type, or a map's or filter's fn ("shuffle.size", "decode.dtype"), when
+/// exactly one node of `nodes:` has it. Throws ConfigError naming the override
+/// ("--set key=value: ...") when the path cannot be set: an ambiguous or unknown name, an
+/// index out of range, a node's parameter without the node's type.
 Override apply_override(YAML::Node& root, const std::string& spec);
 
 }  // namespace flowstate::yaml_support

@@ -7,12 +7,14 @@
 //   4. resumes from the checkpoint directory in a fresh Loader with a different worker count
 //      and checks that every later batch is identical, byte for byte, to the uninterrupted run.
 //
-// Usage: main_job [--dir DIR] [--records N] [--workers W]
+// Usage: main_job [--dir DIR] [--records N] [--workers W]   (main_job --help says more)
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,23 +90,63 @@ void consume(Loader& loader, Run& run, std::size_t stop_after = SIZE_MAX) {
   run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+constexpr const char* kUsage =
+    "usage: main_job [--dir DIR] [--records N] [--workers W]\n\n"
+    "Writes N records of 1 KiB into 8 shard files under DIR/data (skipped when already there),\n"
+    "runs a pipeline on them for two epochs, runs it again with a checkpoint to DIR/checkpoints\n"
+    "mid-epoch, resumes in a fresh loader and checks that every batch is identical.\n\n"
+    "  --dir DIR       where the data and checkpoints go (default: build/demo, under the\n"
+    "                  current directory; build/ is ignored by git)\n"
+    "  --records N     records to generate (default 262144: 256 MiB)\n"
+    "  --workers W     batch-assembly workers of the first runs (default 2)\n";
+
+/// The value of an unsigned option; nullopt (after a message) when it is not a number.
+std::optional<std::uint64_t> number(const std::string& flag, const std::string& text) {
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    std::fprintf(stderr, "main_job: %s expects a non-negative integer, got '%s'\n%s", flag.c_str(),
+                 text.c_str(), kUsage);
+    return std::nullopt;
+  }
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  fs::path dir = "flowstate-demo";
+  fs::path dir = "build/demo";
   std::uint64_t records = 262144;
   int workers = 2;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--dir")
-      dir = argv[i + 1];
-    else if (a == "--records")
-      records = std::stoull(argv[i + 1]);
-    else if (a == "--workers")
-      workers = std::stoi(argv[i + 1]);
-    else {
-      std::fprintf(stderr, "usage: main_job [--dir DIR] [--records N] [--workers W]\n");
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a != "--dir" && a != "--records" && a != "--workers") {
+      std::fprintf(stderr, "main_job: unknown argument '%s'\n%s", a.c_str(), kUsage);
       return 2;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "main_job: %s needs a value\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+    const std::string value = argv[++i];
+    if (a == "--dir") {
+      dir = value;
+      continue;
+    }
+    const std::optional<std::uint64_t> n = number(a, value);
+    if (!n) return 2;
+    if (a == "--records") {
+      records = *n;
+    } else {
+      if (*n < 1 || *n > 1024) {
+        std::fprintf(stderr, "main_job: --workers must be between 1 and 1024\n");
+        return 2;
+      }
+      workers = static_cast<int>(*n);
     }
   }
   try {

@@ -263,10 +263,7 @@ std::string format_report(const BenchReport& r) {
   os << line;
   if (r.runs.empty()) return os.str();
   // The stage table of the median run.
-  std::size_t mid = 0;
-  for (std::size_t i = 0; i < r.runs.size(); ++i)
-    if (r.runs[i].samples_per_s == r.samples_per_s.median) mid = i;
-  const RunReport& run = r.runs[mid];
+  const RunReport& run = *median_run(r);
   std::snprintf(line, sizeof(line), "%-10s %8s %10s %6s %8s %10s\n", "stage", "items", "busy s",
                 "conc", "util", "us/item");
   os << line;
@@ -281,8 +278,39 @@ std::string format_report(const BenchReport& r) {
                 "consumer-bound; in flight <= %zu\n",
                 static_cast<unsigned long long>(run.consumer_waits), run.consumer_wait_s,
                 static_cast<unsigned long long>(run.graph_waits), run.in_flight_limit);
-  os << line;
+  os << line << bottleneck(r) << "\n";
   return os.str();
+}
+
+const RunReport* median_run(const BenchReport& r) {
+  if (r.runs.empty()) return nullptr;
+  std::size_t mid = 0;
+  for (std::size_t i = 0; i < r.runs.size(); ++i)
+    if (r.runs[i].samples_per_s == r.samples_per_s.median) mid = i;
+  return &r.runs[mid];
+}
+
+std::string bottleneck(const BenchReport& r) {
+  const RunReport* run = median_run(r);
+  if (run == nullptr) return "";
+  char line[256];
+  // Every in-flight slot full and waiting while the consumer seldom waited: the graph keeps up.
+  if (run->graph_waits > run->consumer_waits) {
+    std::snprintf(line, sizeof(line),
+                  "bottleneck: the consumer (the graph waited on it %llu times, it on the graph "
+                  "%llu)",
+                  static_cast<unsigned long long>(run->graph_waits),
+                  static_cast<unsigned long long>(run->consumer_waits));
+    return line;
+  }
+  const StageReport* busiest = nullptr;
+  for (const auto& s : run->stages)
+    if (busiest == nullptr || s.utilization > busiest->utilization) busiest = &s;
+  if (busiest == nullptr) return "";
+  std::snprintf(line, sizeof(line), "bottleneck: %s (%.0f%% busy on %d worker%s)",
+                busiest->name.c_str(), busiest->utilization * 100, busiest->concurrency,
+                busiest->concurrency == 1 ? "" : "s");
+  return line;
 }
 
 }  // namespace flowstate::bench

@@ -96,8 +96,18 @@ BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options = {}
 std::string to_json(const BenchReport& report);
 /// Writes to_json(report) to `path` ("-" for stdout). Throws std::runtime_error on failure.
 void write_json(const BenchReport& report, const std::string& path);
-/// A human-readable summary: throughput, first batch, memory, and a table of stages.
+/// A human-readable summary: throughput, first batch, memory, a table of stages, and the
+/// bottleneck() line.
 std::string format_report(const BenchReport& report);
+
+/// Where the median run's time went, in one line: "bottleneck: the consumer (the graph waited
+/// on it N times)" when the graph waited on the consumer more often than the consumer on the
+/// graph, else the busiest stage: "bottleneck: assemble (92% busy on 2 workers)". "" when
+/// there was no timed run.
+std::string bottleneck(const BenchReport& report);
+
+/// The run whose samples/s is the median (the one format_report details); null when none.
+const RunReport* median_run(const BenchReport& report);
 
 /// The process's peak resident set (VmHWM, else ru_maxrss), in bytes.
 std::uint64_t peak_rss_bytes();

@@ -1,5 +1,6 @@
 #include "nodes/mix.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <cereal/types/string.hpp>
@@ -26,9 +27,11 @@ void MixOptions::validate() const {
   if (weights.size() != inputs.size())
     throw ConfigError("weights", "mix has " + std::to_string(inputs.size()) + " inputs but " +
                                      std::to_string(weights.size()) + " weights");
-  for (double w : weights)
-    if (!(w > 0) || !std::isfinite(w))
-      throw ConfigError("weights", "every weight must be a positive number");
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    if (!(weights[i] > 0) || !std::isfinite(weights[i]))
+      throw ConfigError("weights", "weights[" + std::to_string(i) + "] is " +
+                                       format_double(weights[i]) +
+                                       ": every weight must be a positive number (finite, > 0)");
 }
 
 namespace {
@@ -142,18 +145,28 @@ void MixNode::start_epoch(std::uint64_t epoch) {
 
 std::optional<std::size_t> MixNode::draw() {
   const bool skip_exhausted = options_.stop == MixStop::kAllExhausted;
+  auto in_draw = [&](std::size_t i) { return !(skip_exhausted && state_.exhausted[i]); };
+  // The weights in the draw are scaled by a power of two that brings the largest into [1, 2)
+  // before they are summed: weights near the top of the double range cannot overflow the
+  // sum, and subnormal ones keep their ratios instead of rounding away. A power of two
+  // scales exactly, so ordinary weights draw exactly as unscaled ones would.
+  double largest = 0;
+  for (std::size_t i = 0; i < inputs_.size(); ++i)
+    if (in_draw(i)) largest = std::max(largest, options_.weights[i]);
+  if (largest == 0) return std::nullopt;
+  const int scale = -std::ilogb(largest);
+  auto weight = [&](std::size_t i) { return std::ldexp(options_.weights[i], scale); };
   double total = 0;
   for (std::size_t i = 0; i < inputs_.size(); ++i)
-    if (!(skip_exhausted && state_.exhausted[i])) total += options_.weights[i];
-  if (total == 0) return std::nullopt;
+    if (in_draw(i)) total += weight(i);
   // 53 random bits → [0, 1): the draw is a pure function of (key, epoch, draw number).
   const double u =
       static_cast<double>(philox64(key_, state_.epoch, state_.draws++) >> 11) * 0x1p-53 * total;
   double acc = 0;
   std::optional<std::size_t> last;
   for (std::size_t i = 0; i < inputs_.size(); ++i) {
-    if (skip_exhausted && state_.exhausted[i]) continue;
-    acc += options_.weights[i];
+    if (!in_draw(i)) continue;
+    acc += weight(i);
     last = i;
     if (u < acc) return i;
   }

@@ -18,14 +18,15 @@ namespace flowstate::testing {
 std::string cli_path() { return FLOWSTATE_CLI; }
 std::string source_dir() { return FLOWSTATE_SOURCE_DIR; }
 
-CliProcess::CliProcess(const std::vector<std::string>& args, const std::string& cwd) {
+CliProcess::CliProcess(const std::vector<std::string>& args, const std::string& cwd,
+                       const std::string& program) {
   static std::atomic<int> counter{0};
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(counter++);
   out_path_ = cwd + "/.cli-out-" + tag;
   err_path_ = cwd + "/.cli-err-" + tag;
   // Everything the child needs is prepared before fork: between fork and exec it only makes
   // async-signal-safe calls.
-  std::vector<std::string> argv_s{cli_path()};
+  std::vector<std::string> argv_s{program.empty() ? cli_path() : program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -86,6 +87,12 @@ CliResult CliProcess::wait(double timeout_s) {
 
 CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd) {
   CliProcess p(args, cwd);
+  return p.wait();
+}
+
+CliResult run_program(const std::string& program, const std::vector<std::string>& args,
+                      const std::string& cwd) {
+  CliProcess p(args, cwd, program);
   return p.wait();
 }
 

@@ -27,8 +27,9 @@ struct CliResult {
 /// A running `flowstate` process whose output goes to files in its directory.
 class CliProcess {
  public:
-  /// Starts `flowstate args...` in `cwd`.
-  CliProcess(const std::vector<std::string>& args, const std::string& cwd);
+  /// Starts `flowstate args...` in `cwd` (or `program args...` when `program` is given).
+  CliProcess(const std::vector<std::string>& args, const std::string& cwd,
+             const std::string& program = "");
   ~CliProcess();
   CliProcess(const CliProcess&) = delete;
   CliProcess& operator=(const CliProcess&) = delete;
@@ -44,6 +45,9 @@ class CliProcess {
 
 /// Runs `flowstate args...` in `cwd` to completion.
 CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd);
+/// Runs `program args...` (another built program, e.g. an example) in `cwd` to completion.
+CliResult run_program(const std::string& program, const std::vector<std::string>& args,
+                      const std::string& cwd);
 
 /// The whole contents of a file ("" when it does not exist).
 std::string read_file(const std::string& path);

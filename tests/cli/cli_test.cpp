@@ -170,6 +170,109 @@ TEST_F(Cli, ValidateReportsMissingDataUnlessToldNotToOpenIt) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
+TEST_F(Cli, ValidateRefusesWhatRunRefusesAtStartUp) {
+  // A decode shape that the 64-byte records do not fit passes the configuration checks; run
+  // finds it in the first batch, and so does validate, with the same message and status.
+  write_file(path("decode.yaml"),
+             "source: {type: records, paths: data/*.bin, record_bytes: 64}\n"
+             "nodes:\n"
+             "  - map: {fn: decode, dtype: uint16, shape: [3, 7]}\n"
+             "  - batch: {size: 16}\n");
+  CliResult v = run({"validate", "decode.yaml"});
+  CliResult r = run({"run", "decode.yaml"});
+  EXPECT_EQ(v.status, 3) << v.err;
+  EXPECT_EQ(r.status, 3) << r.err;
+  EXPECT_EQ(v.out.find("data: ok"), std::string::npos) << v.out;
+  // The same message up to the record, which depends on the order the workers take them.
+  const auto upto_record = [](const std::string& e) { return e.substr(0, e.find("(in record")); };
+  EXPECT_EQ(upto_record(v.err), upto_record(r.err));
+  EXPECT_NE(v.err.find("needs 42 bytes (in record 0:"), std::string::npos) << v.err;
+  // Only the configuration: nothing to refuse.
+  EXPECT_EQ(run({"validate", "decode.yaml", "--no-data"}).status, 0);
+}
+
+TEST_F(Cli, SetAddressesNodesByNameAndNamesItselfInErrors) {
+  CliResult by_name = run({"validate", "p.yaml", "--set", "shuffle.size=1024"});
+  CliResult by_index = run({"validate", "p.yaml", "--set", "nodes[0].shuffle.size=1024"});
+  ASSERT_EQ(by_name.status, 0) << by_name.err;
+  EXPECT_EQ(by_name.out, by_index.out);
+  EXPECT_NE(by_name.out.find("size: 1024"), std::string::npos) << by_name.out;
+  CliResult r = run({"validate", "p.yaml", "--set", "nodes[0].size=10"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: --set nodes[0].size=10: nodes[0] is a 'shuffle' node, whose "
+            "parameters are set as nodes[0].shuffle.KEY; did you mean nodes[0].shuffle.size?\n");
+  r = run({"validate", "p.yaml", "--set", "random_crop.length=0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: --set random_crop.length=0: nodes[1].map.length: 0 is out of range "
+            "(must be between 1 and 9e+15)\n");
+}
+
+// ---- the command line ----
+
+TEST_F(Cli, VersionHelpAndDidYouMean) {
+  CliResult r = run({"--version"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("flowstate [0-9]+\\.[0-9]+\\.[0-9]+\n"))) << r.out;
+  CliResult help = run({"help", "run"});
+  CliResult flag = run({"run", "--help"});
+  EXPECT_EQ(help.status, 0);
+  EXPECT_EQ(help.out, flag.out);
+  EXPECT_NE(help.out.find("--checkpoint-every K"), std::string::npos);
+  EXPECT_NE(help.out.find("checkpoint.every_steps"), std::string::npos);
+  EXPECT_NE(help.out.find("143 stopped by SIGTERM, 130 by\nSIGINT"), std::string::npos) << help.out;
+  r = run({"run", "p.yaml", "--chekpoint-dir", "ck"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "flowstate: error: unknown option '--chekpoint-dir'; did you mean "
+            "'--checkpoint-dir'? (see 'flowstate run --help')\n");
+  r = run({"rnu", "p.yaml"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("flowstate: error: unknown command 'rnu'; did you mean 'run'?\n"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST_F(Cli, CheckpointEveryIsTheYamlsEverySteps) {
+  CliResult r =
+      run({"run", "p.yaml", "--steps", "10", "--checkpoint-dir", "ck", "--checkpoint-every", "4"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::exists(path("ck/" + step_dir(4))));
+  EXPECT_TRUE(fs::exists(path("ck/" + step_dir(8))));
+  EXPECT_TRUE(fs::exists(path("ck/" + step_dir(10))));  // the end
+}
+
+TEST_F(Cli, ProgressShowsPercentAndEtaWhenTheStepsAreKnown) {
+  // --steps: the total.
+  CliResult r = run({"run", "p.yaml", "--steps", "40", "--progress-interval", "0"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex("flowstate: step 19  epoch 0  [0-9.]+ [kMG]?samples/s  [0-9.]+ "
+                        "[kMG]?B/s  50\\.0%  ETA [0-9]+[hms0-9]*\n")))
+      << r.err;
+  // Epochs x batches per epoch: the total.
+  r = run({"run", "p.yaml", "--epochs", "1", "--progress-interval", "0"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(
+      std::regex_search(r.err, std::regex("flowstate: step 24  epoch 0  .*  20\\.0%  ETA ")))
+      << r.err;
+}
+
+TEST_F(Cli, BenchNamesTheBottleneckAndWarnsWhenTheTimingIsShort) {
+  CliResult r = run({"bench", "p.yaml", "--steps", "20", "--warmup", "2", "--repeat", "1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("\nbottleneck: ((spine|assemble|deliver) \\([0-9]+% busy on [0-9]+ "
+                        "workers?\\)|the consumer \\(the graph waited on it [0-9]+ times, it "
+                        "on the graph [0-9]+\\))\n")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex("flowstate: warning: the timed part took [0-9.]+ m?s, shorter than a "
+                        "second: the numbers are noisy; time more batches \\(--steps\\)\n")))
+      << r.err;
+}
+
 // ---- run ----
 
 TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
@@ -209,10 +312,13 @@ TEST_F(Cli, RunToTheEndOfTheDataAndReportProgress) {
   EXPECT_NE(r.err.find("run finished (end of data): 250 batches, steps 0..249, epoch 1"),
             std::string::npos)
       << r.err;
-  // Not a terminal: a plain line per progress report.
+  // Not a terminal: a plain line per progress report; 2 epochs of 125 batches are known.
   EXPECT_TRUE(std::regex_search(
-      r.err,
-      std::regex("flowstate: step 249  epoch 1  [0-9.]+ [kMG]?samples/s  [0-9.]+ [kMG]?B/s\n")))
+      r.err, std::regex("flowstate: step 249  epoch 1  [0-9.]+ [kMG]?samples/s  [0-9.]+ "
+                        "[kMG]?B/s  100\\.0%  ETA 0s\n")))
+      << r.err;
+  EXPECT_TRUE(
+      std::regex_search(r.err, std::regex("flowstate: step 124  epoch 0 .*  50\\.0%  ETA ")))
       << r.err;
 }
 
@@ -480,7 +586,8 @@ void interrupt_and_resume(const std::string& dir, int sig) {
   wait_for_lines(dir + "/int.txt", 40);
   p.signal(sig);
   CliResult r = p.wait();
-  ASSERT_EQ(r.status, 0) << r.err;
+  // The conventional 128 + signal (143, 130), so a scheduler sees a preempted run.
+  ASSERT_EQ(r.status, 128 + sig) << r.err;
   const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
   ASSERT_NE(r.err.find("run finished (interrupted by " + name + ")"), std::string::npos) << r.err;
   const auto before = read_lines(dir + "/int.txt");
@@ -520,15 +627,6 @@ TEST_F(Cli, ConfigurationErrorsExitWith2AndNameFileLineAndKey) {
   EXPECT_EQ(r.err,
             "flowstate: error: bad.yaml:4:35: nodes[0].shuffle.size: 0 is out of range (must "
             "be at least 1)\n");
-  r = run({"run", "p.yaml", "--set", "nodes[1].map.length=100"});
-  EXPECT_EQ(r.status, 2);
-  // Found when the first sample is cropped: a configuration error all the same.
-  EXPECT_TRUE(std::regex_match(
-      r.err,
-      std::regex("flowstate: error: node 'random_crop': --set nodes\\[1\\]\\.map\\.length=100: "
-                 "nodes\\[1\\]\\.map\\.length: needs 100 rows, but field 'data' has shape "
-                 "\\[64\\] in record 0:[0-9]+\n")))
-      << r.err;
   r = run({"validate", "missing.yaml"});
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.err,
@@ -541,6 +639,32 @@ TEST_F(Cli, DataErrorsExitWith3AndNameTheFileAndOffset) {
   EXPECT_EQ(r.err,
             "flowstate: error: size of 'data/part-00000.bin' (32000 bytes) is not a multiple of "
             "record_bytes (48) [offset 31968]\n");
+}
+
+TEST_F(Cli, AMapThatFailsOnARecordIsADataErrorWith3) {
+  // Found when the first sample is cropped: the record is too short for the crop. It names
+  // the node, the value that asked for it and the record, and exits 3 as data errors do.
+  CliResult r = run({"run", "p.yaml", "--set", "nodes[1].map.length=100"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_TRUE(std::regex_match(
+      r.err,
+      std::regex("flowstate: error: node 'random_crop': --set nodes\\[1\\]\\.map\\.length=100: "
+                 "nodes\\[1\\]\\.map\\.length: needs 100 rows, but field 'data' has shape "
+                 "\\[64\\] in record 0:[0-9]+\n")))
+      << r.err;
+  // A decode whose shape does not fit the 64-byte records, written in the YAML.
+  write_file(path("decode.yaml"),
+             "source: {type: records, paths: data/*.bin, record_bytes: 64}\n"
+             "nodes:\n"
+             "  - map: {fn: decode, dtype: uint16, shape: [3, 7]}\n"
+             "  - batch: {size: 16}\n");
+  r = run({"run", "decode.yaml"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_TRUE(std::regex_match(
+      r.err, std::regex("flowstate: error: node 'decode': decode\\.yaml:3:45: "
+                        "nodes\\[0\\]\\.map\\.shape: field 'data' holds 64 bytes per sample, "
+                        "but uint16 \\[3, 7\\] needs 42 bytes \\(in record 0:[0-9]+\\)\n")))
+      << r.err;
 }
 
 TEST_F(Cli, CheckpointErrorsExitWith4AndSayWhatDiffers) {

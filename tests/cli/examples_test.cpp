@@ -191,7 +191,7 @@ TEST(Examples, MixedTextSigtermThenResumeEqualsAnUninterruptedRun) {
   }
   p.signal(SIGTERM);
   CliResult r = p.wait();
-  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_EQ(r.status, 128 + SIGTERM) << r.err;  // 143: preempted, not finished
   ASSERT_NE(r.err.find("run finished (interrupted by SIGTERM)"), std::string::npos) << r.err;
   const std::uint64_t last = std::stoull(read_lines(dir / "int.txt").back());
   char ck[64];
@@ -213,6 +213,39 @@ TEST(Examples, MixedTextSigtermThenResumeEqualsAnUninterruptedRun) {
   ASSERT_EQ(ref.back().rfind(std::to_string(last + 299) + " ", 0), 0u) << ref.back();
   EXPECT_GE(std::stoull(ref.back().substr(ref.back().find(' ') + 1)), 1u) << ref.back();
 }
+
+#ifdef FLOWSTATE_MAIN_JOB
+TEST(Examples, MainJobHelpPrintsUsageAndWritesNothing) {
+  TempDir dir;
+  for (const char* help : {"--help", "-h"}) {
+    CliResult r = testing::run_program(FLOWSTATE_MAIN_JOB, {help}, dir.str());
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.rfind("usage: main_job [--dir DIR] [--records N] [--workers W]\n", 0), 0u)
+        << r.out;
+    EXPECT_NE(r.out.find("default: build/demo"), std::string::npos) << r.out;
+  }
+  CliResult r = testing::run_program(FLOWSTATE_MAIN_JOB, {"--records"}, dir.str());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err.rfind("main_job: --records needs a value\nusage: main_job", 0), 0u) << r.err;
+  r = testing::run_program(FLOWSTATE_MAIN_JOB, {"--recrods", "10"}, dir.str());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "main_job wrote into the directory";
+}
+
+TEST(Examples, MainJobWritesUnderBuildByDefault) {
+  TempDir dir;
+  CliResult r = testing::run_program(FLOWSTATE_MAIN_JOB, {"--records", "8192"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("under build/demo/data"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("OK: all "), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(dir / "build/demo/data/train-00000.bin"));
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "build/demo/checkpoints"));
+  // Nothing beside build/.
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
+  EXPECT_EQ(entries, 1u);
+}
+#endif
 
 }  // namespace
 }  // namespace flowstate

@@ -57,6 +57,8 @@ std::string error_text(const SampleFn& fn, Tensor t) {
     run_fn(fn, std::move(t));
   } catch (const ConfigError& e) {
     return e.key() + " | " + e.what();
+  } catch (const DataError& e) {
+    return "DataError | " + std::string(e.what());
   }
   return "no error";
 }
@@ -91,17 +93,17 @@ TEST(DecodeTransform, AShapeThatDoesNotFitTheRecordIsAClearError) {
   EXPECT_EQ(error_text(sample_fn("decode", params({{"dtype", std::string("uint16")},
                                                    {"shape", std::vector<std::int64_t>{3}}})),
                        bytes),
-            "t.shape | t.shape: field 'data' holds 8 bytes per sample, but uint16 [3] needs 6 "
-            "bytes");
+            "DataError | t.shape: field 'data' holds 8 bytes per sample, but uint16 [3] needs 6 "
+            "bytes (in record 0:0)");
   EXPECT_EQ(error_text(sample_fn("decode", params({{"dtype", std::string("uint64")}})),
                        Tensor(DType::kUInt8, Shape{12})),
-            "t.dtype | t.dtype: field 'data' holds 12 bytes per sample, not a multiple of the "
-            "8-byte uint64");
+            "DataError | t.dtype: field 'data' holds 12 bytes per sample, not a multiple of the "
+            "8-byte uint64 (in record 0:0)");
   EXPECT_EQ(error_text(sample_fn("decode", params({{"dtype", std::string("uint32")},
                                                    {"shape", std::vector<std::int64_t>{-1, 3}}})),
                        bytes),
-            "t.shape | t.shape: field 'data' holds 8 bytes per sample, but uint32 [-1, 3] "
-            "cannot cover them evenly");
+            "DataError | t.shape: field 'data' holds 8 bytes per sample, but uint32 [-1, 3] "
+            "cannot cover them evenly (in record 0:0)");
 }
 
 TEST(DecodeTransform, WorksOnWholeBatchesAfterBatch) {
@@ -156,12 +158,12 @@ TEST(SliceTransform, KeepsAWindowOfTheFirstDimension) {
       error_text(
           sample_fn("slice", params({{"start", std::uint64_t{8}}, {"length", std::uint64_t{3}}})),
           in),
-      "t.length | t.length: needs 11 rows, but field 'data' has shape [10, 2] in record 0:0");
+      "DataError | t.length: needs 11 rows, but field 'data' has shape [10, 2] in record 0:0");
   EXPECT_EQ(
       error_text(
           sample_fn("slice", params({{"start", std::uint64_t{0}}, {"length", std::uint64_t{1}}})),
           Tensor(DType::kUInt8, Shape{})),
-      "t.field | t.field: field 'data' is a scalar; there is no dimension to cut");
+      "DataError | t.field: field 'data' is a scalar in record 0:0; there is no dimension to cut");
 }
 
 TEST(Transforms, AMissingFieldNamesTheFieldsThereAre) {

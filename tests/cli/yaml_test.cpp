@@ -157,6 +157,26 @@ TEST(YamlPipeline, OverridesReplaceValuesBeforeValidation) {
   EXPECT_EQ(c.epochs, 0u);
 }
 
+TEST(YamlPipeline, OverridesAddressNodesByName) {
+  const std::string text = std::string(kBase) + "  - map: {fn: normalize, std: 2}\n";
+  YamlOptions o;
+  o.overrides = {"shuffle.size=1024", "normalize.std=4", "batch.drop_last=true"};
+  PipelineConfig c = load_yaml_string(text, "p.yaml", o);
+  std::string expected = replace(text, "size: 100", "size: 1024");
+  expected = replace(expected, "std: 2", "std: 4");
+  expected = replace(expected, "size: 8}", "size: 8, drop_last: true}");
+  EXPECT_EQ(c.pipeline.canonical(), from_yaml_string(expected, "p.yaml").canonical());
+  // A name several nodes share is refused, listing them.
+  o.overrides = {"map.workers=2"};
+  EXPECT_EQ(std::string(error_of(text + "  - map: {fn: normalize, std: 3}\n", o).what()),
+            "--set map.workers=2: 'map' names 2 nodes: nodes[3].map, nodes[4].map; address "
+            "one by its index");
+  o.overrides = {"normalize.std=1"};
+  EXPECT_EQ(std::string(error_of(text + "  - map: {fn: normalize, std: 3}\n", o).what()),
+            "--set normalize.std=1: 'normalize' names 2 nodes: nodes[3].map, nodes[4].map; "
+            "address one by its index");
+}
+
 TEST(YamlPipeline, OverrideGivesParametersToABareNodeName) {
   YamlOptions o;
   o.overrides = {"nodes[0].shuffle.mode=buffer"};
@@ -495,10 +515,13 @@ TEST(YamlErrors, OverridesAreNamedInsteadOfALine) {
   EXPECT_EQ(std::string(e.what()),
             "--set nodes[1].shuffle.size=zero: nodes[1].shuffle.size: expected an unsigned "
             "integer, got 'zero'");
-  // A misspelt node type adds a second key to the node's map.
+  // A misspelt node type, or a parameter without the type: named, with what was meant.
   EXPECT_EQ(std::string(override_error({"nodes[1].shufle.size=3"}).what()),
-            "p.yaml:5:5: nodes[1]: a node is a one-key map like '- shuffle: {size: 1024}', got "
-            "a map with 2 keys");
+            "--set nodes[1].shufle.size=3: nodes[1] is a 'shuffle' node, whose parameters are "
+            "set as nodes[1].shuffle.KEY; did you mean 'shuffle'?");
+  EXPECT_EQ(std::string(override_error({"nodes[1].size=10"}).what()),
+            "--set nodes[1].size=10: nodes[1] is a 'shuffle' node, whose parameters are set as "
+            "nodes[1].shuffle.KEY; did you mean nodes[1].shuffle.size?");
   EXPECT_EQ(std::string(override_error({"nodes[7].shuffle.size=3"}).what()),
             "--set nodes[7].shuffle.size=3: 'nodes' has 3 entries; there is no nodes[7]");
   EXPECT_EQ(std::string(override_error({"seed"}).what()),
@@ -509,8 +532,19 @@ TEST(YamlErrors, OverridesAreNamedInsteadOfALine) {
                 .rfind("--set seed=[1: the value is not valid YAML: ", 0),
             0u);
   EXPECT_EQ(std::string(override_error({"sede=1"}).what()),
-            "--set sede=1: sede: unknown top-level key 'sede' (known: seed, source, nodes, "
-            "epochs, workers, checkpoint, plugins); did you mean 'seed'?");
+            "--set sede=1: unknown top-level key or node name 'sede' (top-level keys: seed, "
+            "source, nodes, epochs, workers, checkpoint, plugins; nodes: shard, shuffle, batch); "
+            "did you mean 'seed'?");
+  EXPECT_EQ(std::string(override_error({"shufle.size=3"}).what()),
+            "--set shufle.size=3: unknown top-level key or node name 'shufle' (top-level keys: "
+            "seed, source, nodes, epochs, workers, checkpoint, plugins; nodes: shard, shuffle, "
+            "batch); did you mean 'shuffle'?");
+  // A value set through a node's name is named by the override too.
+  e = override_error({"shuffle.size=zero"});
+  EXPECT_EQ(e.key(), "nodes[1].shuffle.size");
+  EXPECT_EQ(std::string(e.what()),
+            "--set shuffle.size=zero: nodes[1].shuffle.size: expected an unsigned integer, got "
+            "'zero'");
   // An error elsewhere still names the file's line.
   YamlOptions o;
   o.overrides = {"seed=9"};

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -73,6 +74,30 @@ TEST_F(MixTest, AllExhaustedTakesEverySampleOfEveryInputOnce) {
   int early0 = 0;
   for (std::size_t i = 0; i < 40; ++i) early0 += got[i].first == 0;
   EXPECT_GT(early0, 20);
+}
+
+TEST_F(MixTest, ExtremeWeightsDrawByTheirRatio) {
+  // Equal weights near the top of the double range (whose sum overflows) and subnormal ones
+  // (whose sum rounds) draw each input about half the time, as [1, 1] does.
+  const std::string c = testing::write_records(dir_ / "c", 1000, 16, 2);
+  const std::string d = testing::write_records(dir_ / "d", 1000, 16, 2);
+  for (const std::vector<double>& w :
+       {std::vector<double>{1e308, 1e308}, std::vector<double>{5e-324, 5e-324},
+        std::vector<double>{1, 1}}) {
+    Pipeline p = Pipeline::Builder()
+                     .seed(77)
+                     .mix({input(c, 0), input(d, 1)}, {.weights = w})
+                     .batch({.size = 8})
+                     .build();
+    Loader l(p, {.epochs = 1});
+    auto got = samples(l, 100);  // 800 draws: neither input of 1000 can run out
+    ASSERT_EQ(got.size(), 800u);
+    std::size_t from0 = 0;
+    for (auto [in, r] : got) from0 += in == 0;
+    const double share = static_cast<double>(from0) / static_cast<double>(got.size());
+    EXPECT_GT(share, 0.45) << w[0];
+    EXPECT_LT(share, 0.55) << w[0];
+  }
 }
 
 TEST_F(MixTest, FirstExhaustedEndsTheEpochWhenADrawnInputRunsOut) {
@@ -150,6 +175,15 @@ TEST_F(MixTest, ValidatesItsOptions) {
               Loader l(p);
             }).find("every weight must be a positive number"),
             std::string::npos);
+  // Refused when the pipeline is built, naming the weight: infinite, NaN and zero too.
+  for (double w : {HUGE_VAL, std::nan(""), 0.0}) {
+    const std::string m = message([&] {
+      Pipeline::Builder().mix({input(a_, 0), input(b_, 1)}, {.weights = {1, w}});
+    });
+    EXPECT_NE(m.find("weights[1] is "), std::string::npos) << m;
+    EXPECT_NE(m.find("every weight must be a positive number (finite, > 0)"), std::string::npos)
+        << m;
+  }
   EXPECT_NE(message([&] {
               Pipeline::Builder()
                   .records({.paths = {a_}, .record_bytes = 16})
