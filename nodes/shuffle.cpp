@@ -253,7 +253,10 @@ void BufferShuffleNode::validate(const BufferShuffleState& s) const {
     throw CheckpointError(name(), "shuffle draws " + std::to_string(s.draws) + " exceed the " +
                                       std::to_string(n) + " inputs");
   if (s.keyframe) {
-    if (s.keyframe->draws > s.draws || s.keyframe->slots.size() > capacity_)
+    // After d draws the buffer holds min(capacity, n - d) positions: draw() picks among
+    // them, so a key-frame holding another number (none at all, say) is corrupt.
+    if (s.keyframe->draws > s.draws ||
+        s.keyframe->slots.size() != std::min(capacity_, n - s.keyframe->draws))
       throw CheckpointError(name(), "shuffle key-frame does not fit this buffer");
     for (auto p : s.keyframe->slots)
       if (p >= n) throw CheckpointError(name(), "shuffle key-frame position out of range");

@@ -130,7 +130,8 @@ bool write_cache(const std::string& path, const CacheHeader& h,
 std::string index_cache_path(const std::string& data_path) { return data_path + ".fsidx"; }
 
 IndexOrigin detail::load_index(const MappedFile& file, std::string_view kind,
-                               const IndexStorage& storage, const std::function<void()>& build) {
+                               const IndexStorage& storage, const std::function<void()>& build,
+                               const std::function<bool()>& valid) {
   struct stat st {};
   // A cache is keyed by the file's size and mtime. A file whose size is no longer the mapped
   // one changed after it was mapped: no cache, old or new, can be trusted to describe the
@@ -149,7 +150,11 @@ IndexOrigin detail::load_index(const MappedFile& file, std::string_view kind,
   h.data_mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
                     static_cast<std::int64_t>(st.st_mtim.tv_nsec);
   const std::string cache = index_cache_path(file.path());
-  if (read_cache(cache, h, storage)) return IndexOrigin::kCache;
+  if (read_cache(cache, h, storage)) {
+    if (!valid || valid()) return IndexOrigin::kCache;
+    storage.resize(0);
+    storage.strings->clear();
+  }
   build();
   h.entry_count = storage.bytes().size() / storage.entry_size;
   h.strings_size = storage.strings->size();

@@ -63,9 +63,10 @@ struct IndexStorage {
   std::string* strings = nullptr;
 };
 
-/// Fills `storage` from the cache of `file` or by calling `build`; see load_index.
+/// Fills `storage` from the cache of `file` (when `valid`, if set, accepts what it read) or
+/// by calling `build`; see load_index.
 IndexOrigin load_index(const MappedFile& file, std::string_view kind, const IndexStorage& storage,
-                       const std::function<void()>& build);
+                       const std::function<void()>& build, const std::function<bool()>& valid = {});
 
 }  // namespace detail
 
@@ -76,9 +77,14 @@ IndexOrigin load_index(const MappedFile& file, std::string_view kind, const Inde
 /// cache is written. Failing to read or write the cache is not an error. Thread-safe for
 /// different files; concurrent loads of one file (threads or processes) are safe, each
 /// writing its own temporary file. `origin`, when given, receives where the index came from.
+/// `valid`, when given, checks an index read from the cache against `file`: one it rejects
+/// is treated as a corrupt cache (built again, the cache rewritten). The checksum catches a
+/// torn or damaged cache, not one written to pass it; a source that reads the mapping at
+/// the offsets an index gives checks with `valid` that they lie inside the file.
 template <class Entry, class Build>
 FileIndex<Entry> load_index(const MappedFile& file, std::string_view kind, Build&& build,
-                            IndexOrigin* origin = nullptr) {
+                            IndexOrigin* origin = nullptr,
+                            const std::function<bool(const FileIndex<Entry>&)>& valid = {}) {
   FileIndex<Entry> index;
   detail::IndexStorage storage{
       .entry_size = sizeof(Entry),
@@ -89,7 +95,10 @@ FileIndex<Entry> load_index(const MappedFile& file, std::string_view kind, Build
           },
       .bytes = [&index] { return std::as_bytes(std::span(index.entries)); },
       .strings = &index.strings};
-  IndexOrigin got = detail::load_index(file, kind, storage, [&] { index = build(); });
+  std::function<bool()> check;
+  if (valid) check = [&] { return valid(index); };
+  IndexOrigin got = detail::load_index(
+      file, kind, storage, [&] { index = build(); }, check);
   if (origin != nullptr) *origin = got;
   return index;
 }

@@ -32,6 +32,16 @@ FileIndex<std::uint64_t> scan_lines(const MappedFile& file, bool skip_empty) {
   return index;
 }
 
+/// Whether a cached line index can describe a file of `size` bytes: its offsets increase and
+/// lie inside the file, as line() needs (checking that each follows a newline would read the
+/// file, the cost the cache saves).
+bool lines_fit(const FileIndex<std::uint64_t>& index, std::uint64_t size) {
+  for (std::size_t i = 0; i < index.entries.size(); ++i)
+    if (index.entries[i] >= size || (i > 0 && index.entries[i] <= index.entries[i - 1]))
+      return false;
+  return true;
+}
+
 template <class T>
 Tensor scalar_tensor(T value) {
   Tensor t(dtype_of<T>(), Shape{});
@@ -144,8 +154,9 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
     const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);
-    auto index =
-        load_index<std::uint64_t>(*m, kind, [&] { return scan_lines(*m, options_.skip_empty); });
+    auto index = load_index<std::uint64_t>(
+        *m, kind, [&] { return scan_lines(*m, options_.skip_empty); }, nullptr,
+        [&](const FileIndex<std::uint64_t>& i) { return lines_fit(i, m->size()); });
     add_file(named, *m, index.entries.size());
     starts_.push_back(std::move(index.entries));
     maps_.push_back(std::move(m));

@@ -73,6 +73,24 @@ bool checksum_ok(const unsigned char* h) {
          (stored == unsigned_sum || static_cast<std::int64_t>(stored) == signed_sum);
 }
 
+/// Whether a cached member index can describe a tar file of `size` bytes, as grouping and
+/// reading need: members in file order, each header block before its data, the data inside
+/// the file, and each path inside the string table with a key, a dot and an extension.
+bool members_fit(const FileIndex<detail::TarMember>& index, std::uint64_t size) {
+  const std::string& names = index.strings;
+  std::uint64_t end = 0;  // where the previous member's data ends
+  for (const auto& m : index.entries) {
+    if (m.start < end || m.data < m.start || m.data - m.start < kBlock || m.data > size ||
+        m.size > size - m.data)
+      return false;
+    if (m.name > names.size() || m.name_size > names.size() - m.name || m.name_size < 2 ||
+        m.key_size > m.name_size - 2u || names[m.name + m.key_size] != '.')
+      return false;
+    end = m.data + m.size;
+  }
+  return true;
+}
+
 /// Builds the member index of one tar file (see tar.h for the rules).
 class TarScanner {
  public:
@@ -250,8 +268,9 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
     shard.map = std::make_shared<const MappedFile>(f);
     // The index holds every member, whatever `fields` says: options apply when grouping, so
     // one cache serves every pipeline reading the file.
-    shard.index = load_index<detail::TarMember>(*shard.map, "tar/1",
-                                                [&] { return TarScanner(*shard.map).scan(); });
+    shard.index = load_index<detail::TarMember>(
+        *shard.map, "tar/1", [&] { return TarScanner(*shard.map).scan(); }, nullptr,
+        [&](const FileIndex<detail::TarMember>& i) { return members_fit(i, shard.map->size()); });
     group(shard, f);
     add_file(named, *shard.map, shard.samples.size());
     shards_.push_back(std::move(shard));

@@ -1,6 +1,7 @@
 // Replays every input under fuzz/regressions/<target>/ — inputs that once crashed a fuzzer, or
-// were written by hand to probe the readers — through the same code the fuzzer runs. Each
-// must end in a flowstate::Error or in success: never another exception, never a crash.
+// were written by hand to probe the readers — and the seeds under fuzz/corpus/<target>/
+// through the same code the fuzzer runs. Each must end in a flowstate::Error or in success:
+// never another exception, never a crash.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -17,12 +18,22 @@
 namespace flowstate {
 namespace {
 
-std::vector<std::filesystem::path> inputs(const std::string& target) {
+/// The inputs kept for `target` under fuzz/`kind`/ (regressions or corpus), sorted.
+std::vector<std::filesystem::path> inputs(const std::string& target,
+                                          const std::string& kind = "regressions") {
   std::vector<std::filesystem::path> out;
-  const auto dir = std::filesystem::path(FLOWSTATE_SOURCE_DIR) / "fuzz" / "regressions" / target;
+  const auto dir = std::filesystem::path(FLOWSTATE_SOURCE_DIR) / "fuzz" / kind / target;
+  if (!std::filesystem::exists(dir)) return out;
   for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.is_regular_file() && e.path().filename() != "README.md") out.push_back(e.path());
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The regression inputs of `target`, then its seeds.
+std::vector<std::filesystem::path> all_inputs(const std::string& target) {
+  auto out = inputs(target);
+  for (auto& p : inputs(target, "corpus")) out.push_back(std::move(p));
   return out;
 }
 
@@ -42,6 +53,52 @@ TEST(FuzzRegressions, YamlInputsEndInAFlowstateErrorAtWorst) {
     EXPECT_NO_THROW(
         fuzz::yaml_one_input(reinterpret_cast<const std::uint8_t*>(b.data()), b.size()));
   }
+}
+
+TEST(FuzzRegressions, TarInputsEndInAFlowstateErrorAtWorst) {
+  const auto files = all_inputs("tar");
+  ASSERT_FALSE(inputs("tar").empty());
+  const fuzz::ScratchDir dir;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    const std::string b = bytes_of(f);
+    EXPECT_NO_THROW(
+        fuzz::tar_one_input(dir, reinterpret_cast<const std::uint8_t*>(b.data()), b.size()));
+  }
+}
+
+TEST(FuzzRegressions, LinesInputsEndInAFlowstateErrorAtWorst) {
+  const auto files = all_inputs("lines");
+  ASSERT_FALSE(inputs("lines").empty());
+  const fuzz::ScratchDir dir;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    const std::string b = bytes_of(f);
+    EXPECT_NO_THROW(
+        fuzz::lines_one_input(dir, reinterpret_cast<const std::uint8_t*>(b.data()), b.size()));
+  }
+}
+
+TEST(FuzzRegressions, IndexInputsEndInAFlowstateErrorAtWorst) {
+  const auto files = all_inputs("index");
+  ASSERT_FALSE(inputs("index").empty());
+  fuzz::IndexTarget target;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    const std::string b = bytes_of(f);
+    EXPECT_NO_THROW(
+        (void)target.one_input(reinterpret_cast<const std::uint8_t*>(b.data()), b.size()));
+  }
+}
+
+TEST(FuzzRegressions, IndexSeedsAreReadWithoutError) {
+  // Each seed is a cache the sources accept, raw or as a payload (a broken seed would make
+  // the fuzzer blind).
+  fuzz::IndexTarget target;
+  const auto seeds = target.seeds();
+  ASSERT_EQ(seeds.size(), 6u);
+  for (const auto& s : seeds)
+    EXPECT_TRUE(target.one_input(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()));
 }
 
 /// Replays the state inputs and ends the process: 0 when each ended in a flowstate::Error at
