@@ -15,7 +15,6 @@ void BatchOptions::validate() const {
                       "fields and pad_value apply to collate: pad or ragged");
 }
 
-
 bool SkipRanges::contains(std::uint64_t step) const {
   auto it = std::upper_bound(ranges.begin(), ranges.end(), step,
                              [](std::uint64_t s, const auto& r) { return s < r.first; });

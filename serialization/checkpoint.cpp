@@ -1,3 +1,5 @@
+// The on-disk checkpoint protocol — write, verify, find the newest valid step, prune, remove —
+// kept in one file (over 600 lines) so that its crash guarantees can be read in one place.
 #include "serialization/checkpoint.h"
 
 #include <fcntl.h>
