@@ -321,13 +321,14 @@ bool IndexTarget::one_input(const std::uint8_t* data, std::size_t size) {
     const std::size_t n =
         rest.empty() ? 0 : std::min<std::size_t>(std::uint8_t(rest[0]), (rest.size() - 1) / 40);
     index.entries.resize(n);
-    std::memcpy(index.entries.data(), rest.data() + 1, n * 40);
+    if (n != 0) std::memcpy(index.entries.data(), rest.data() + 1, n * 40);
     index.strings = rest.substr(std::min(rest.size(), 1 + n * 40));
     Impl::write_cache(file, "tar/1", index);
   } else {
     FileIndex<std::uint64_t> index;
     index.entries.resize(rest.size() / 8);
-    std::memcpy(index.entries.data(), rest.data(), index.entries.size() * 8);
+    if (!index.entries.empty())
+      std::memcpy(index.entries.data(), rest.data(), index.entries.size() * 8);
     Impl::write_cache(file, kind == 1 ? "lines/1 skip_empty" : "lines/1", index);
   }
   try {
