@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "config/plugins.h"
-#include "config/yaml_support.h"
-#include "core/error.h"
+#include "flowstate/config/plugins.h"
+#include "flowstate/config/yaml_support.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/version.h"
 
 // The command table: adding a command is one line here (plus its cli/cmd_NAME.cpp, which
 // cli/CMakeLists.txt picks up). X(name, one-line summary).
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
   if (args[0] == "--version") {
-    std::printf("flowstate %s\n", FLOWSTATE_VERSION);
+    std::printf("flowstate %s\n", version());
     return kExitOk;
   }
   // `flowstate help COMMAND` is `flowstate COMMAND --help`.

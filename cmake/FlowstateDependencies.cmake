@@ -16,7 +16,6 @@ flowstate_require(TBB libtbb-dev CONFIG)
 flowstate_require(cereal libcereal-dev CONFIG)
 flowstate_require(yaml-cpp libyaml-cpp-dev CONFIG)
 flowstate_require(nlohmann_json nlohmann-json3-dev CONFIG)
-flowstate_require(Boost libboost-dev)
 
 find_package(PkgConfig QUIET)
 if(PkgConfig_FOUND)

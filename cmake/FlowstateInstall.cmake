@@ -1,9 +1,13 @@
-# An installable, find_package-able flowstate: `find_package(flowstate)` then link
-# flowstate::graph (which brings the lower layers).
-include(GNUInstallDirs)
+# An installable, find_package-able flowstate: `find_package(flowstate CONFIG REQUIRED)`, then
+# link flowstate::flowstate (or a layer: flowstate::core, ::serialization, ::nodes, ::graph,
+# ::config). tests/package/ is a consumer project that CI builds against an installed tree.
 include(CMakePackageConfigHelpers)
-install(DIRECTORY core serialization nodes graph DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate
-        FILES_MATCHING PATTERN "*.h")
+# Headers as the build tree has them: <flowstate/core/tensor.h>, <flowstate/flowstate.h>.
+# config/yaml_support.h is the YAML reader's own (it includes yaml-cpp, a private dependency).
+install(DIRECTORY core serialization nodes graph config
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate
+        FILES_MATCHING PATTERN "*.h" PATTERN "yaml_support.h" EXCLUDE)
+install(FILES flowstate.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate)
 install(EXPORT flowstateTargets NAMESPACE flowstate:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowstate)
 configure_package_config_file(cmake/flowstateConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/flowstateConfig.cmake

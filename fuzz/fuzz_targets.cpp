@@ -15,12 +15,12 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "config/yaml.h"
-#include "core/error.h"
-#include "graph/loader.h"
-#include "nodes/sources/index_cache.h"
-#include "nodes/sources/lines.h"
-#include "nodes/sources/tar.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/sources/tar.h"
 
 namespace flowstate::fuzz {
 namespace {
@@ -165,7 +165,9 @@ struct StateTarget::Impl {
   Pipeline pipeline() const {
     return Pipeline::Builder()
         .seed(42)
-        .records({.paths = {(dir / "part-*.bin").string()}, .record_bytes = 16})
+        // Relative to base_dir, which the fingerprint leaves out: a state this target writes
+        // restores in every process, so crashes found on state inputs can be kept.
+        .records({.paths = {"part-*.bin"}, .record_bytes = 16, .base_dir = dir})
         .shard({.rank = 0, .world = 1})
         .shuffle({.mode = ShuffleMode::kGlobal})
         .shuffle({.mode = ShuffleMode::kBuffer, .size = 8})

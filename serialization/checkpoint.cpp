@@ -1,6 +1,6 @@
 // The on-disk checkpoint protocol — write, verify, find the newest valid step, prune, remove —
 // kept in one file (over 600 lines) so that its crash guarantees can be read in one place.
-#include "serialization/checkpoint.h"
+#include "flowstate/serialization/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,10 +16,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "serialization/atomic_file.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/version.h"
+#include "flowstate/serialization/atomic_file.h"
+#include "flowstate/serialization/pipeline_state.h"
 
 // On-disk invariants (see checkpoint.h):
 //  - `step-N/` with a MANIFEST.json that verifies is a checkpoint; nothing else is.
@@ -133,18 +134,42 @@ std::string encode_manifest(const Manifest& m) {
   j["step"] = m.step;
   j["fingerprint"] = hex64(m.fingerprint);
   j["files"] = std::move(files);
+  j["writer"] = std::string("flowstate ") + version();  // for people; never read back
   return j.dump(2) + "\n";
 }
 
 /// Checks that `object` has exactly `keys`: a key damaged by a flipped byte is an error, not
 /// an ignored extra.
 void require_keys(const Json& object, std::initializer_list<std::string_view> keys,
-                  const std::string& where, const auto& invalid) {
+                  const std::string& where, const auto& invalid,
+                  std::initializer_list<std::string_view> optional = {}) {
   for (auto k : keys)
     if (!object.contains(std::string(k))) throw invalid(where + "has no '" + std::string(k) + "'");
   for (const auto& item : object.items())
-    if (std::find(keys.begin(), keys.end(), item.key()) == keys.end())
+    if (std::find(keys.begin(), keys.end(), item.key()) == keys.end() &&
+        std::find(optional.begin(), optional.end(), item.key()) == optional.end())
       throw invalid(where + "has an unknown key '" + printable(item.key()) + "'");
+}
+
+/// "flowstate 0.1.0": who wrote a manifest, for people reading it. Checked for its form only.
+bool is_writer(const Json& value) {
+  if (!value.is_string()) return false;
+  const std::string& s = value.get_ref<const std::string&>();
+  constexpr std::string_view kPrefix = "flowstate ";
+  if (!s.starts_with(kPrefix)) return false;
+  int parts = 0;
+  bool digit = false;
+  for (char c : std::string_view(s).substr(kPrefix.size())) {
+    if (c >= '0' && c <= '9') {
+      digit = true;
+    } else if (c == '.' && digit && parts < 2) {
+      ++parts;
+      digit = false;
+    } else {
+      return false;
+    }
+  }
+  return parts == 2 && digit;
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& path) {
@@ -168,7 +193,11 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
                                     std::to_string(v) + ", newer than this build's " +
                                     std::to_string(kFormatVersion) + "; upgrade flowstate");
   if (v == 0) throw invalid("checkpoint format version 0 does not exist");
-  require_keys(j, {"format", "format_version", "step", "fingerprint", "files"}, "it ", invalid);
+  // "writer" (the flowstate that wrote it) is informational; manifests before it lack it.
+  require_keys(j, {"format", "format_version", "step", "fingerprint", "files"}, "it ", invalid,
+               {"writer"});
+  if (j.contains("writer") && !is_writer(j["writer"]))
+    throw invalid("'writer' is not \"flowstate MAJOR.MINOR.PATCH\"");
   if (!j["format"].is_string() || j["format"].get<std::string>() != kFormatName)
     throw invalid("'format' is not \"" + std::string(kFormatName) + "\"");
   Manifest m;

@@ -8,10 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/inspect.h"
-#include "core/error.h"
-#include "graph/loader.h"
-#include "serialization/checkpoint.h"
+#include "flowstate/config/inspect.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/version.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/serialization/checkpoint.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"
 
@@ -106,13 +107,18 @@ TEST_F(StateVersions, InspectShowsANodeOfAnUnknownTypeBySize) {
 }
 
 TEST_F(StateVersions, WritesTheManifestFormatTheFixtureHas) {
-  // The manifest of the same state written today is byte-identical to the committed one.
+  // The manifest of the same state written today is the committed one plus the line that
+  // names its writer (manifests without it, like the fixture's, still restore).
   const std::string fixture = kFixtures + "/current-v1/step-000000000010";
   auto found = read_checkpoint(fixture);
   TempDir out;
   write_checkpoint(out.str(), 10, found.state);
-  EXPECT_EQ(testing::read_file(out / "step-000000000010/MANIFEST.json"),
-            testing::read_file(fixture + "/MANIFEST.json"));
+  const std::string written = testing::read_file(out / "step-000000000010/MANIFEST.json");
+  std::string expected = testing::read_file(fixture + "/MANIFEST.json");
+  ASSERT_EQ(expected.substr(expected.size() - 3), "\n}\n");
+  expected.insert(expected.size() - 3,
+                  std::string(",\n  \"writer\": \"flowstate ") + version() + "\"");
+  EXPECT_EQ(written, expected);
   EXPECT_EQ(testing::read_file(out / "LATEST"),
             testing::read_file(kFixtures + "/current-v1/LATEST"));
 }
