@@ -9,6 +9,7 @@
 #include "flowstate/config/transforms.h"
 #include "flowstate/config/yaml.h"
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/indexed.h"
 #include "flowstate/nodes/sources/iterable.h"
 
 namespace flowstate {
@@ -175,6 +176,7 @@ void register_builtin_nodes(Registry& registry) {
   registry.add(records_node());
   registry.add(lines_node());
   registry.add(tar_node());
+  registry.add(indexed_node());
   registry.add(shard_node());
   registry.add(shuffle_node());
   registry.add(mix_schema());

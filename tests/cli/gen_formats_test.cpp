@@ -3,6 +3,7 @@
 // error they report.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include <set>
 
 #include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/indexed.h"
 #include "flowstate/nodes/sources/lines.h"
 #include "flowstate/nodes/sources/tar.h"
 #include "tests/cli/cli_support.h"
@@ -395,6 +397,60 @@ TEST_F(Gen, HelpDescribesEveryKind) {
                        "shards\n"),
             std::string::npos)
       << r.out;
+}
+
+}  // namespace
+}  // namespace flowstate
+
+namespace flowstate {
+namespace {
+
+TEST_F(Gen, IndexedWritesAMegatronDataSetTheIndexedSourceReads) {
+  CliResult r = run({"gen", "indexed", "--out", "data/corpus", "--docs", "2000"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex("^flowstate: wrote 2000 documents of [0-9]+ uint16 tokens \\(")))
+      << r.err;
+  EXPECT_EQ(files("data"), (std::vector<std::string>{"corpus.bin", "corpus.idx"}));
+  IndexedSource src("indexed", {.paths = {path("data/corpus.idx")}});
+  ASSERT_EQ(src.size(0), 2000u);
+  std::vector<std::int64_t> lengths;
+  std::uint64_t tokens = 0;
+  for (std::uint64_t i = 0; i < 2000; ++i) {
+    Sample s;
+    src.read(src.at(0, i), s);
+    const Tensor& t = s.at("tokens");
+    ASSERT_EQ(t.dtype(), DType::kUInt16);
+    lengths.push_back(t.numel());
+    tokens += static_cast<std::uint64_t>(t.numel());
+    for (std::int64_t j = 0; j < t.numel(); ++j) {
+      const auto v = static_cast<const std::uint16_t*>(t.data())[j];
+      ASSERT_TRUE(v >= 1 && v <= 50256) << v;
+    }
+  }
+  EXPECT_EQ(fs::file_size(path("data/corpus.bin")), tokens * 2);
+  // Lognormal, median 400, sigma 1: the sample median within 10%.
+  std::nth_element(lengths.begin(), lengths.begin() + 1000, lengths.end());
+  EXPECT_NEAR(static_cast<double>(lengths[1000]), 400.0, 40.0);
+
+  // int32, and the same documents again for the same seed.
+  r = run({"gen", "indexed", "--out", "wide/corpus", "--docs", "2000", "--dtype", "int32"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  IndexedSource wide("indexed", {.paths = {path("wide/corpus.idx")}});
+  for (std::uint64_t i : {0u, 777u, 1999u}) {
+    Sample a, b;
+    src.read(src.at(0, i), a);
+    wide.read(wide.at(0, i), b);
+    ASSERT_EQ(b.at("tokens").dtype(), DType::kInt32);
+    ASSERT_EQ(a.at("tokens").numel(), b.at("tokens").numel());
+    for (std::int64_t j = 0; j < a.at("tokens").numel(); ++j)
+      EXPECT_EQ(static_cast<const std::uint16_t*>(a.at("tokens").data())[j],
+                static_cast<const std::int32_t*>(b.at("tokens").data())[j]);
+  }
+  r = run({"gen", "indexed", "--out", "x", "--docs", "5", "--dtype", "float32"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--dtype: expected uint16 or int32, got 'float32'"), std::string::npos)
+      << r.err;
 }
 
 }  // namespace

@@ -1,0 +1,212 @@
+#include "flowstate/nodes/sources/indexed.h"
+
+#include <cstring>
+
+#include "flowstate/core/error.h"
+
+namespace flowstate {
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr std::size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;
+
+template <class T>
+T load_le(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));  // x86-64 and aarch64 are little-endian, as the format is
+  return v;
+}
+
+/// PREFIX.bin for PREFIX.idx.
+std::string bin_path(const std::string& idx) {
+  return (idx.ends_with(".idx") ? idx.substr(0, idx.size() - 4) : idx) + ".bin";
+}
+
+}  // namespace
+
+std::optional<DType> megatron_dtype(std::uint8_t code) {
+  switch (code) {
+    case 1:
+      return DType::kUInt8;
+    case 2:
+      return DType::kInt8;
+    case 3:
+      return DType::kInt16;
+    case 4:
+      return DType::kInt32;
+    case 5:
+      return DType::kInt64;
+    case 6:
+      return DType::kFloat64;
+    case 7:
+      return DType::kFloat32;
+    case 8:
+      return DType::kUInt16;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<std::uint8_t> megatron_dtype_code(DType dtype) {
+  for (std::uint8_t c = 1; c <= 8; ++c)
+    if (megatron_dtype(c) == dtype) return c;
+  return std::nullopt;
+}
+
+IndexedFile::IndexedFile(const std::string& idx_path) {
+  idx_ = std::make_shared<const MappedFile>(idx_path);
+  const std::byte* p = idx_->data();
+  const std::uint64_t size = idx_->size();
+  auto fail = [&](std::uint64_t offset, const std::string& why) -> DataError {
+    return DataError(idx_path, offset, "'" + idx_path + "' is not a valid Megatron index: " + why);
+  };
+  if (size < kHeaderBytes)
+    throw fail(0, std::to_string(size) + " bytes, shorter than its " +
+                      std::to_string(kHeaderBytes) + "-byte header");
+  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
+    throw fail(0, "it does not start with \"MMIDIDX\\0\\0\"");
+  const auto version = load_le<std::uint64_t>(p + 9);
+  if (version != 1) throw fail(9, "version " + std::to_string(version) + ", expected 1");
+  const auto code = load_le<std::uint8_t>(p + 17);
+  const auto dtype = megatron_dtype(code);
+  if (!dtype) throw fail(17, "unknown dtype code " + std::to_string(code) + " (1 to 8)");
+  dtype_ = *dtype;
+  item_ = dtype_size(dtype_);
+  sequences_ = load_le<std::uint64_t>(p + 18);
+  const auto doc_entries = load_le<std::uint64_t>(p + 26);
+  if (doc_entries == 0) throw fail(26, "a document index of 0 entries (it starts with 0)");
+  documents_ = doc_entries - 1;
+  // 4 + 8 bytes per sequence, 8 per document entry, and an optional mode byte per sequence;
+  // counts too large for the file are refused before any multiplication can overflow.
+  const std::uint64_t body = size - kHeaderBytes;
+  if (sequences_ > body / 12 || doc_entries > body / 8)
+    throw fail(18, std::to_string(sequences_) + " sequences and " + std::to_string(doc_entries) +
+                       " document entries do not fit in " + std::to_string(size) + " bytes");
+  lengths_at_ = kHeaderBytes;
+  pointers_at_ = lengths_at_ + 4 * sequences_;
+  docs_at_ = pointers_at_ + 8 * sequences_;
+  const std::uint64_t end = docs_at_ + 8 * doc_entries;
+  if (end != size && end + sequences_ != size)
+    throw fail(end > size ? size : end, std::to_string(size) + " bytes, expected " +
+                                            std::to_string(end) + " (or " +
+                                            std::to_string(end + sequences_) + " with modes) for " +
+                                            std::to_string(sequences_) + " sequences and " +
+                                            std::to_string(documents_) + " documents");
+
+  bin_ = std::make_shared<const MappedFile>(bin_path(idx_path));
+  const std::string& bin = bin_->path();
+  // Sequences lie one after another from offset 0, as Megatron's writer puts them: documents
+  // are then contiguous byte ranges, and the last sequence ends at the end of the .bin.
+  std::uint64_t expected = 0;
+  for (std::uint64_t i = 0; i < sequences_; ++i) {
+    const std::int32_t n = length(i);
+    const std::int64_t at = pointer(i);
+    if (n < 0)
+      throw fail(lengths_at_ + 4 * i,
+                 "sequence " + std::to_string(i) + " has length " + std::to_string(n));
+    if (at < 0 || static_cast<std::uint64_t>(at) != expected)
+      throw fail(pointers_at_ + 8 * i, "sequence " + std::to_string(i) + " starts at byte " +
+                                           std::to_string(at) + " of '" + bin + "', expected " +
+                                           std::to_string(expected) +
+                                           " (sequences are contiguous)");
+    expected += static_cast<std::uint64_t>(n) * item_;
+    if (expected > bin_->size())
+      throw fail(pointers_at_ + 8 * i, "sequence " + std::to_string(i) + " ends at byte " +
+                                           std::to_string(expected) + ", past the end of '" + bin +
+                                           "' (" + std::to_string(bin_->size()) + " bytes)");
+  }
+  if (expected != bin_->size())
+    throw DataError(bin, expected,
+                    "'" + bin + "' holds " + std::to_string(bin_->size()) + " bytes, its index '" +
+                        idx_path + "' describes " + std::to_string(expected));
+  std::int64_t previous = 0;
+  for (std::uint64_t d = 0; d < doc_entries; ++d) {
+    const std::int64_t s = doc(d);
+    const bool bad = d == 0 ? s != 0 : (s < previous || static_cast<std::uint64_t>(s) > sequences_);
+    if (bad)
+      throw fail(docs_at_ + 8 * d, "document index entry " + std::to_string(d) + " is " +
+                                       std::to_string(s) +
+                                       (d == 0 ? ", expected 0"
+                                               : ", expected " + std::to_string(previous) + " to " +
+                                                     std::to_string(sequences_)));
+    previous = s;
+  }
+  if (static_cast<std::uint64_t>(previous) != sequences_)
+    throw fail(docs_at_ + 8 * (doc_entries - 1),
+               "the last document index entry is " + std::to_string(previous) + ", expected " +
+                   std::to_string(sequences_) + " (the sequence count)");
+}
+
+std::int32_t IndexedFile::length(std::uint64_t i) const {
+  return load_le<std::int32_t>(idx_->data() + lengths_at_ + 4 * i);
+}
+std::int64_t IndexedFile::pointer(std::uint64_t i) const {
+  return load_le<std::int64_t>(idx_->data() + pointers_at_ + 8 * i);
+}
+std::int64_t IndexedFile::doc(std::uint64_t d) const {
+  return load_le<std::int64_t>(idx_->data() + docs_at_ + 8 * d);
+}
+
+std::span<const std::byte> IndexedFile::sequence(std::uint64_t i) const {
+  return {bin_->data() + pointer(i), static_cast<std::size_t>(length(i)) * item_};
+}
+
+std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
+  const auto first = static_cast<std::uint64_t>(doc(d));
+  const auto last = static_cast<std::uint64_t>(doc(d + 1));
+  if (first == last) return {};
+  const auto begin = static_cast<std::uint64_t>(pointer(first));
+  const auto end = static_cast<std::uint64_t>(pointer(last - 1)) +
+                   static_cast<std::uint64_t>(length(last - 1)) * item_;
+  return {bin_->data() + begin, end - begin};
+}
+
+const NodeDef& indexed_node() {
+  static const NodeDef def = define_node<IndexedOptions>(
+      {.type = "indexed",
+       .phase = Phase::kSource,
+       .doc = "Megatron-LM indexed data sets (PREFIX.idx + PREFIX.bin), memory-mapped; a "
+              "record is a document or a sequence of tokens"},
+      [](BuildContext& ctx, const IndexedOptions& o) { add_file_source<IndexedSource>(ctx, o); },
+      inspect_file_source);
+  return def;
+}
+
+IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint32_t source_id)
+    : FileSource(std::move(name), "indexed",
+                 options.unit == IndexedUnit::kDocument ? "documents" : "sequences", source_id),
+      options_(std::move(options)),
+      field_(field_id(options_.field)) {
+  validate_fields(options_, "indexed");
+  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
+    auto f = std::make_unique<IndexedFile>(named.path);
+    if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())
+      throw DataError(named.path, DataError::kNoOffset,
+                      "'" + named.path + "' holds " + std::string(dtype_name(f->dtype())) +
+                          " tokens, '" + files_data_.front()->bin().path() + "' " +
+                          std::string(dtype_name(files_data_.front()->dtype())) +
+                          ": one indexed source reads one dtype");
+    // The identity is the .bin's (the tokens); the index's count is its `items`.
+    add_file({.path = f->bin().path(), .name = bin_path(named.name)}, f->bin(),
+             options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences());
+    files_data_.push_back(std::move(f));
+  }
+}
+
+std::span<const std::byte> IndexedSource::record(const Ref& ref) const {
+  const std::uint64_t i = local(ref);
+  const IndexedFile& f = *files_data_[ref.shard];
+  return options_.unit == IndexedUnit::kDocument ? f.document(i) : f.sequence(i);
+}
+
+void IndexedSource::read(const Ref& ref, Sample& sample) const {
+  const auto bytes = record(ref);
+  const IndexedFile& f = *files_data_[ref.shard];
+  const auto n = static_cast<std::int64_t>(bytes.size() / dtype_size(f.dtype()));
+  Tensor t(f.dtype(), Shape{n});
+  if (!bytes.empty()) std::memcpy(t.data(), bytes.data(), bytes.size());
+  sample.ref = ref;
+  sample.set(field_, std::move(t));
+}
+
+}  // namespace flowstate

@@ -1,0 +1,117 @@
+// `indexed` source: Megatron-LM's indexed data set (the MMapIndexedDataset layout that
+// Megatron-LM, NeMo and GPT-NeoX write): PREFIX.idx beside PREFIX.bin. `paths` match the .idx
+// files; several prefixes concatenate in order, like the other sources' files.
+//
+// PREFIX.idx, little-endian:
+//   "MMIDIDX\0\0"  u64 version (1)  u8 dtype code  u64 S (sequences)  u64 D (entries of the
+//   document index, i.e. documents + 1)  i32 lengths[S] (items)  i64 pointers[S] (byte offsets
+//   into .bin)  i64 document_index[D] (document d is sequences [doc[d], doc[d+1]))
+//   and, in multimodal sets, i8 modes[S] (ignored).
+// dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16.
+//
+// A record is a sequence (`unit: sequence`) or a document (`unit: document`, the default: its
+// sequences are contiguous in .bin), read as a 1-D tensor of the file's dtype in `field`,
+// copied from the memory-mapped .bin. O(1) random access: global and buffer shuffle, shard and
+// exact resume work as for `records`. Opening checks the whole index against the .bin (O(S)
+// reads of the mapped index, no .bin bytes): an error names the file and the entry.
+//
+//   IndexedOptions o{.paths = {"data/*.idx"}, .field = "tokens"};
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flowstate/core/dtype.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/sources/file_source.h"
+#include "flowstate/nodes/sources/mapped_file.h"
+
+namespace flowstate {
+
+/// What one record of an `indexed` source is.
+enum class IndexedUnit : std::uint8_t {
+  kDocument,  ///< a document: its sequences, contiguous
+  kSequence,  ///< one sequence (a sentence, in data sets split that way)
+};
+template <>
+struct EnumNames<IndexedUnit> {
+  static constexpr std::array<std::pair<IndexedUnit, const char*>, 2> values{
+      {{IndexedUnit::kDocument, "document"}, {IndexedUnit::kSequence, "sequence"}}};
+};
+
+/// Options of the `indexed` source.
+struct IndexedOptions {
+  std::vector<std::string> paths;  ///< the .idx files or globs; each glob's matches sorted
+  std::string field = "tokens";    ///< the 1-D field of each sample
+  IndexedUnit unit = IndexedUnit::kDocument;
+  /// Relative paths resolve against it (a YAML file's directory); not described.
+  std::filesystem::path base_dir;
+
+  static constexpr auto table() {
+    using O = IndexedOptions;
+    return std::tuple{
+        param("paths", &O::paths,
+              {.required = true,
+               .doc = "the .idx files (each beside its .bin) or globs, each glob's matches in "
+                      "sorted order; relative to the YAML file",
+               .check = check_paths}),
+        param("field", &O::field, {.doc = "name of the 1-D field (the file's dtype)"}),
+        param("unit", &O::unit, {.doc = "a record is a document or a sequence"}),
+    };
+  }
+};
+
+/// The `indexed` source's definition.
+const NodeDef& indexed_node();
+
+/// The dtype of Megatron's dtype code; nullopt for an unknown code.
+std::optional<DType> megatron_dtype(std::uint8_t code);
+/// Megatron's code of `dtype`; nullopt for one it cannot hold (uint32, uint64, bool).
+std::optional<std::uint8_t> megatron_dtype_code(DType dtype);
+
+/// One opened PREFIX.idx / PREFIX.bin pair, checked.
+class IndexedFile {
+ public:
+  /// Maps and checks `idx_path` and the .bin beside it; DataError naming the file and entry.
+  explicit IndexedFile(const std::string& idx_path);
+
+  DType dtype() const { return dtype_; }
+  std::uint64_t sequences() const { return sequences_; }
+  std::uint64_t documents() const { return documents_; }
+  const MappedFile& bin() const { return *bin_; }
+  /// The bytes of sequence `i` / document `d`.
+  std::span<const std::byte> sequence(std::uint64_t i) const;
+  std::span<const std::byte> document(std::uint64_t d) const;
+
+ private:
+  std::int32_t length(std::uint64_t i) const;
+  std::int64_t pointer(std::uint64_t i) const;
+  std::int64_t doc(std::uint64_t d) const;
+
+  std::shared_ptr<const MappedFile> idx_, bin_;
+  DType dtype_ = DType::kUInt8;
+  std::size_t item_ = 1;
+  std::uint64_t sequences_ = 0;
+  std::uint64_t documents_ = 0;
+  std::size_t lengths_at_ = 0, pointers_at_ = 0, docs_at_ = 0;  ///< byte offsets in .idx
+};
+
+/// The `indexed` source.
+class IndexedSource final : public FileSource {
+ public:
+  IndexedSource(std::string name, IndexedOptions options, std::uint32_t source_id = 0);
+
+  std::size_t record_bytes() const override { return 0; }
+  std::span<const std::byte> record(const Ref& ref) const override;
+  void read(const Ref& ref, Sample& sample) const override;
+  FieldId record_field() const override { return field_; }
+
+ private:
+  IndexedOptions options_;
+  FieldId field_;
+  std::vector<std::unique_ptr<IndexedFile>> files_data_;
+};
+
+}  // namespace flowstate

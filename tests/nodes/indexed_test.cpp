@@ -1,0 +1,190 @@
+// The `indexed` source on Megatron data sets written by an independent writer
+// (fixtures/megatron/write_fixtures.py, numpy and the published layout): what it reads, every
+// refusal of a damaged index, and exact resume through shuffle and pack.
+#include "flowstate/nodes/sources/indexed.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "tests/support/formats.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+const std::string kFixtures = FLOWSTATE_SOURCE_DIR "/tests/nodes/fixtures/megatron";
+
+/// The values of a 1-D tensor of `T`.
+template <class T>
+std::vector<std::int64_t> values(const Tensor& t) {
+  EXPECT_EQ(t.dtype(), dtype_of<T>());
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = 0; i < t.numel(); ++i) out.push_back(static_cast<const T*>(t.data())[i]);
+  return out;
+}
+
+/// Token j of sequence s of tokens_u16 (see the script).
+std::vector<std::int64_t> u16_sequence(int s, int n) {
+  std::vector<std::int64_t> out;
+  for (int j = 0; j < n; ++j) out.push_back(100 * s + j + 1);
+  return out;
+}
+
+std::vector<std::int64_t> concat(std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+template <class T>
+std::vector<std::vector<std::int64_t>> read_all(const IndexedSource& src) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (std::uint64_t i = 0; i < src.size(0); ++i) {
+    Sample s;
+    src.read(src.at(0, i), s);
+    out.push_back(values<T>(s.at("tokens")));
+  }
+  return out;
+}
+
+TEST(IndexedSource, ReadsDocumentsAsTheirSequencesTogether) {
+  IndexedSource src("indexed", {.paths = {kFixtures + "/tokens_u16.idx"}});
+  ASSERT_EQ(src.size(0), 5u);
+  const std::vector<std::vector<std::int64_t>> expected{
+      u16_sequence(0, 3),
+      u16_sequence(1, 1),
+      concat(u16_sequence(2, 4), u16_sequence(3, 2)),
+      {},  // a document of no sequence
+      concat(u16_sequence(4, 5), u16_sequence(5, 7))};
+  EXPECT_EQ(read_all<std::uint16_t>(src), expected);
+}
+
+TEST(IndexedSource, ReadsSequencesWhenAskedTo) {
+  IndexedSource src("indexed",
+                    {.paths = {kFixtures + "/tokens_u16.idx"}, .unit = IndexedUnit::kSequence});
+  ASSERT_EQ(src.size(0), 6u);
+  const int lengths[] = {3, 1, 4, 2, 5, 7};
+  auto all = read_all<std::uint16_t>(src);
+  for (int s = 0; s < 6; ++s) EXPECT_EQ(all[s], u16_sequence(s, lengths[s])) << s;
+}
+
+TEST(IndexedSource, ReadsInt32TokensOfAMultimodalIndex) {
+  IndexedSource src("indexed", {.paths = {kFixtures + "/tokens_i32.idx"}, .field = "ids"});
+  ASSERT_EQ(src.size(0), 3u);
+  Sample s;
+  src.read(src.at(0, 1), s);
+  EXPECT_EQ(values<std::int32_t>(s.at("ids")),
+            (std::vector<std::int64_t>{-1001, -1002, -1003, -1004, -1005, -1006}));
+}
+
+TEST(IndexedSource, ConcatenatesPrefixesAndRefusesMixedDtypes) {
+  TempDir dir;
+  for (const char* name : {"a", "b"})
+    for (const char* ext : {".idx", ".bin"})
+      fs::copy_file(kFixtures + "/tokens_u16" + ext, dir / (std::string(name) + ext));
+  IndexedSource src("indexed", {.paths = {dir / "*.idx"}});
+  EXPECT_EQ(src.size(0), 10u);
+  Sample s;
+  src.read(src.at(0, 5), s);  // a.idx has 5 documents: b's first
+  EXPECT_EQ(values<std::uint16_t>(s.at("tokens")), u16_sequence(0, 3));
+
+  for (const char* ext : {".idx", ".bin"})
+    fs::copy_file(kFixtures + "/tokens_i32" + ext, dir / (std::string("c") + ext));
+  try {
+    IndexedSource mixed("indexed", {.paths = {dir / "*.idx"}});
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.what(), "'" + (dir / "c.idx") + "' holds int32 tokens, '" + (dir / "a.bin") +
+                            "' uint16: one indexed source reads one dtype");
+  }
+}
+
+/// A copy of tokens_u16 in `dir` with `patch` applied to its index bytes; the DataError of
+/// opening it.
+std::string refusal(const TempDir& dir, const std::function<void(std::string&)>& patch,
+                    std::uint64_t* offset = nullptr, const std::string& bin = "") {
+  std::string idx = testing::read_file(kFixtures + "/tokens_u16.idx");
+  patch(idx);
+  testing::write_file(dir / "t.idx", idx);
+  testing::write_file(dir / "t.bin",
+                      bin.empty() ? testing::read_file(kFixtures + "/tokens_u16.bin") : bin);
+  try {
+    IndexedSource src("indexed", {.paths = {dir / "t.idx"}});
+  } catch (const DataError& e) {
+    if (offset) *offset = e.offset();
+    return e.what();
+  }
+  return "";
+}
+
+void put64(std::string& s, std::size_t at, std::int64_t v) { std::memcpy(&s[at], &v, 8); }
+
+TEST(IndexedSource, RefusesADamagedIndexNamingTheFileAndTheEntry) {
+  TempDir dir;
+  const std::string prefix = "'" + (dir / "t.idx") + "' is not a valid Megatron index: ";
+  std::uint64_t at = 0;
+  EXPECT_EQ(refusal(
+                dir, [](std::string& s) { s[0] = 'X'; }, &at),
+            prefix + "it does not start with \"MMIDIDX\\0\\0\"");
+  EXPECT_EQ(refusal(
+                dir, [](std::string& s) { s[9] = 2; }, &at),
+            prefix + "version 2, expected 1");
+  EXPECT_EQ(at, 9u);
+  EXPECT_EQ(refusal(
+                dir, [](std::string& s) { s[17] = 9; }, &at),
+            prefix + "unknown dtype code 9 (1 to 8)");
+  EXPECT_EQ(refusal(dir, [](std::string& s) { s.resize(20); }),
+            prefix + "20 bytes, shorter than its 34-byte header");
+  EXPECT_EQ(refusal(dir, [](std::string& s) { s.pop_back(); }),
+            prefix + "153 bytes, expected 154 (or 160 with modes) for 6 sequences and 5 documents");
+  EXPECT_EQ(
+      refusal(dir, [](std::string& s) { put64(s, 18, std::int64_t{1} << 60); }),
+      prefix + "1152921504606846976 sequences and 6 document entries do not fit in 154 bytes");
+  // Pointers start at 34 + 4 * 6 = 58: sequence 2 moved by one token.
+  EXPECT_EQ(refusal(
+                dir, [](std::string& s) { put64(s, 58 + 16, 10); }, &at),
+            prefix + "sequence 2 starts at byte 10 of '" + (dir / "t.bin") +
+                "', expected 8 (sequences are contiguous)");
+  EXPECT_EQ(at, 58u + 16);
+  // Lengths at 34: sequence 5 ten times longer than the .bin holds.
+  EXPECT_EQ(
+      refusal(dir, [](std::string& s) { s[34 + 20] = 70; }),
+      prefix + "sequence 5 ends at byte 170, past the end of '" + (dir / "t.bin") + "' (44 bytes)");
+  // Document index at 58 + 48 = 106: entry 3 goes backwards.
+  EXPECT_EQ(refusal(dir, [](std::string& s) { put64(s, 106 + 24, 1); }),
+            prefix + "document index entry 3 is 1, expected 2 to 6");
+  EXPECT_EQ(refusal(dir, [](std::string& s) { put64(s, 106 + 40, 5); }),
+            prefix + "the last document index entry is 5, expected 6 (the sequence count)");
+  // A .bin with bytes the index does not describe.
+  EXPECT_EQ(
+      refusal(
+          dir, [](std::string&) {}, &at, testing::read_file(kFixtures + "/tokens_u16.bin") + "xx"),
+      "'" + (dir / "t.bin") + "' holds 46 bytes, its index '" + (dir / "t.idx") + "' describes 44");
+  EXPECT_EQ(at, 44u);
+}
+
+TEST(IndexedSource, ResumesExactlyThroughShuffleAndPack) {
+  TempDir dir;
+  for (const char* name : {"a", "b", "c"})
+    for (const char* ext : {".idx", ".bin"})
+      fs::copy_file(kFixtures + "/tokens_u16" + ext, dir / (std::string(name) + ext));
+  auto make = [&] {
+    return Pipeline::Builder()
+        .seed(11)
+        .add(indexed_node(), IndexedOptions{.paths = {dir / "*.idx"}})
+        .shuffle({.mode = ShuffleMode::kGlobal})
+        .pack({.length = 5, .separator = 0})
+        .batch({.size = 2})
+        .build();
+  };
+  testing::expect_save_restore(make, {.epochs = 2}, {.epochs = 2});
+}
+
+}  // namespace
+}  // namespace flowstate
