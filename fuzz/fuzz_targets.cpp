@@ -19,6 +19,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/indexed.h"
 #include "flowstate/nodes/sources/lines.h"
 #include "flowstate/nodes/sources/tar.h"
 
@@ -264,6 +265,27 @@ void lines_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_
       } catch (const Error&) {
         // Bad input, reported as it should be.
       }
+    }
+  }
+}
+
+void megatron_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_t size) {
+  const std::string_view in = as_text(data, size);
+  std::size_t idx_bytes = 0;
+  if (in.size() >= 2)
+    idx_bytes =
+        std::min<std::size_t>(static_cast<unsigned char>(in[0]) |
+                                  static_cast<std::size_t>(static_cast<unsigned char>(in[1])) << 8,
+                              in.size() - 2);
+  const std::string_view rest = in.size() >= 2 ? in.substr(2) : std::string_view{};
+  const std::string idx = dir.write("in.idx", rest.substr(0, idx_bytes));
+  (void)dir.write("in.bin", rest.substr(idx_bytes));
+  for (IndexedUnit unit : {IndexedUnit::kDocument, IndexedUnit::kSequence}) {
+    try {
+      IndexedSource source("indexed", {.paths = {idx}, .unit = unit});
+      (void)read_all(source, source, true);
+    } catch (const Error&) {
+      // A malformed index, refused as it should be.
     }
   }
 }

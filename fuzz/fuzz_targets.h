@@ -86,6 +86,12 @@ void tar_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_t 
 /// else escapes.
 void lines_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_t size);
 
+/// A Megatron indexed data set from one input: its first 2 bytes (little-endian) are the
+/// length L of the `.idx` (capped at what remains), the next L bytes the `.idx`, the rest the
+/// `.bin`. Opens it with an `indexed` source as documents and as sequences and reads every
+/// record. Swallows flowstate::Error; anything else escapes.
+void megatron_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_t size);
+
 /// The index caches (nodes/sources/index_cache.h) of a small fixed text file and tar file,
 /// whose mtimes are pinned so that a cache written for them once stays valid for them. The
 /// input's first byte picks the index kind — `lines/1`, `lines/1 skip_empty` or `tar/1` —

@@ -12,6 +12,8 @@
 #          and on, and its index cache                              (fuzz/lines.dict)
 #   index  the `<file>.fsidx` cache of the lines and tar sources: raw cache files, and valid
 #          caches holding fuzzed indexes                             (seeds generated)
+#   megatron  the `indexed` source's Megatron .idx/.bin checks, reading as documents and
+#          as sequences (input: u16 length of the .idx, the .idx, then the .bin)
 #
 # A crash, timeout or out-of-memory input a target finds is copied into
 # fuzz/regressions/<target>/ (libFuzzer names it crash-<sha1>, timeout-<sha1>, oom-<sha1>),
@@ -27,7 +29,7 @@
 # fuzz/fuzz_targets.h).
 set -eu
 cd "$(dirname "$0")/.."
-all_targets="yaml state tar lines index"
+all_targets="yaml state tar lines index megatron"
 secs=${1:-30}
 [ $# -gt 0 ] && shift
 targets=${*:-$all_targets}

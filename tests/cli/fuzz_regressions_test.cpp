@@ -79,6 +79,18 @@ TEST(FuzzRegressions, LinesInputsEndInAFlowstateErrorAtWorst) {
   }
 }
 
+TEST(FuzzRegressions, MegatronInputsEndInAFlowstateErrorAtWorst) {
+  const auto files = all_inputs("megatron");
+  ASSERT_FALSE(inputs("megatron").empty());
+  const fuzz::ScratchDir dir;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    const std::string b = bytes_of(f);
+    EXPECT_NO_THROW(
+        fuzz::megatron_one_input(dir, reinterpret_cast<const std::uint8_t*>(b.data()), b.size()));
+  }
+}
+
 TEST(FuzzRegressions, IndexInputsEndInAFlowstateErrorAtWorst) {
   const auto files = all_inputs("index");
   ASSERT_FALSE(inputs("index").empty());
