@@ -16,6 +16,7 @@ flowstate_require(TBB libtbb-dev CONFIG)
 flowstate_require(cereal libcereal-dev CONFIG)
 flowstate_require(yaml-cpp libyaml-cpp-dev CONFIG)
 flowstate_require(nlohmann_json nlohmann-json3-dev CONFIG)
+flowstate_require(simdjson libsimdjson-dev CONFIG)
 
 find_package(PkgConfig QUIET)
 if(PkgConfig_FOUND)

@@ -1,10 +1,13 @@
 #include "flowstate/nodes/sources/lines.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 
+#include <simdjson.h>
 #include <nlohmann/json.hpp>
 
 #include "flowstate/core/error.h"
@@ -12,8 +15,6 @@
 
 namespace flowstate {
 namespace {
-
-using Json = nlohmann::json;
 
 /// The byte offset of every record of `file`: each line's start, empty lines left out when
 /// `skip_empty`.
@@ -49,67 +50,150 @@ Tensor scalar_tensor(T value) {
   return t;
 }
 
-/// `v` as an int64, or false when it is an unsigned integer above INT64_MAX.
-bool to_int64(const Json& v, std::int64_t& out) {
-  if (v.is_number_unsigned() &&
-      v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-    return false;
-  out = v.get<std::int64_t>();
-  return true;
+/// nlohmann's name of a JSON value's type, which messages use ("object", "null", ...).
+const char* type_name(simdjson::dom::element_type t) {
+  using T = simdjson::dom::element_type;
+  switch (t) {
+    case T::ARRAY:
+      return "array";
+    case T::OBJECT:
+      return "object";
+    case T::INT64:
+    case T::UINT64:
+    case T::DOUBLE:
+      return "number";
+    case T::STRING:
+      return "string";
+    case T::BOOL:
+      return "boolean";
+    case T::NULL_VALUE:
+      return "null";
+  }
+  return "unknown";
 }
 
 /// The tensor of a selected JSON value (see lines.h), or an undefined tensor with the reason
 /// in `error`.
-Tensor json_tensor(const Json& v, const std::string& key, std::string& error) {
+Tensor json_tensor(simdjson::dom::element v, const std::string& key, std::string& error) {
+  using T = simdjson::dom::element_type;
   const std::string what = "key '" + key + "' ";
-  std::int64_t i = 0;
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   switch (v.type()) {
-    case Json::value_t::boolean:
-      return scalar_tensor<std::uint8_t>(v.get<bool>() ? 1 : 0);
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-      if (!to_int64(v, i)) break;
-      return scalar_tensor<std::int64_t>(i);
-    case Json::value_t::number_float:
-      return scalar_tensor<double>(v.get<double>());
-    case Json::value_t::string: {
-      const auto& s = v.get_ref<const std::string&>();
+    case T::BOOL:
+      return scalar_tensor<std::uint8_t>(v.get_bool().value_unsafe() ? 1 : 0);
+    case T::INT64:
+      return scalar_tensor<std::int64_t>(v.get_int64().value_unsafe());
+    case T::UINT64: {
+      const std::uint64_t u = v.get_uint64().value_unsafe();
+      if (u <= kMax) return scalar_tensor<std::int64_t>(static_cast<std::int64_t>(u));
+      error = what + "holds " + std::to_string(u) + ", outside the int64 range";
+      return {};
+    }
+    case T::DOUBLE:
+      return scalar_tensor<double>(v.get_double().value_unsafe());
+    case T::STRING: {
+      const std::string_view s = v.get_string().value_unsafe();
       return bytes_tensor(s.data(), s.size());
     }
-    case Json::value_t::array: {
+    case T::ARRAY: {
+      const simdjson::dom::array a = v.get_array().value_unsafe();
       bool integers = true;
-      for (const auto& e : v) {
-        if (!e.is_number()) {
-          error = what + "is an array with an element of type " + e.type_name() +
+      for (simdjson::dom::element e : a) {
+        const T t = e.type();
+        if (t != T::INT64 && t != T::UINT64 && t != T::DOUBLE) {
+          error = what + "is an array with an element of type " + type_name(t) +
                   "; arrays must hold numbers only";
           return {};
         }
-        if (e.is_number_float()) integers = false;
+        if (t == T::DOUBLE) integers = false;
       }
-      const auto n = static_cast<std::int64_t>(v.size());
+      const auto n = static_cast<std::int64_t>(a.size());
       if (integers) {
         Tensor t(DType::kInt64, Shape{n});
-        auto out = t.values<std::int64_t>();
-        for (std::size_t j = 0; j < v.size(); ++j) {
-          if (!to_int64(v[j], out[j])) {
-            error = what + "holds " + v[j].dump() + ", outside the int64 range";
-            return {};
+        std::int64_t* out = t.values<std::int64_t>().data();
+        for (simdjson::dom::element e : a) {
+          if (e.type() == T::UINT64) {
+            const std::uint64_t u = e.get_uint64().value_unsafe();
+            if (u > kMax) {
+              error = what + "holds " + std::to_string(u) + ", outside the int64 range";
+              return {};
+            }
+            *out++ = static_cast<std::int64_t>(u);
+          } else {
+            *out++ = e.get_int64().value_unsafe();
           }
         }
         return t;
       }
       Tensor t(DType::kFloat64, Shape{n});
-      auto out = t.values<double>();
-      for (std::size_t j = 0; j < v.size(); ++j) out[j] = v[j].get<double>();
+      double* out = t.values<double>().data();
+      for (simdjson::dom::element e : a) {
+        const T k = e.type();
+        *out++ = k == T::DOUBLE  ? e.get_double().value_unsafe()
+                 : k == T::INT64 ? static_cast<double>(e.get_int64().value_unsafe())
+                                 : static_cast<double>(e.get_uint64().value_unsafe());
+      }
       return t;
     }
     default:
-      error = what + "has unsupported type " + v.type_name() +
+      error = what + "has unsupported type " + type_name(v.type()) +
               " (supported: integer, float, boolean, string, array of numbers)";
       return {};
   }
-  error = what + "holds " + v.dump() + ", outside the int64 range";
-  return {};
+}
+
+/// The first integer literal of `line` (outside strings) that does not fit in 64 bits, as
+/// (its text, its byte in the line); nullopt when there is none.
+std::optional<std::pair<std::string, std::size_t>> big_integer(std::string_view line) {
+  bool in_string = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    if (c != '-' && (c < '0' || c > '9')) continue;
+    std::size_t j = i + (c == '-');
+    while (j < line.size() && line[j] >= '0' && line[j] <= '9') ++j;
+    const bool integer = j == line.size() || (line[j] != '.' && line[j] != 'e' && line[j] != 'E');
+    const std::string_view text = line.substr(i, j - i);
+    if (integer && j > i + (c == '-')) {
+      bool fits = true;
+      if (c == '-') {
+        std::int64_t v;
+        fits = std::from_chars(text.data(), text.data() + text.size(), v).ec == std::errc{};
+      } else {
+        std::uint64_t v;
+        fits = std::from_chars(text.data(), text.data() + text.size(), v).ec == std::errc{};
+      }
+      if (!fits) return std::pair{std::string(text), i};
+    }
+    while (j < line.size() &&
+           (line[j] == '.' || line[j] == 'e' || line[j] == 'E' || line[j] == '+' ||
+            line[j] == '-' || (line[j] >= '0' && line[j] <= '9')))
+      ++j;
+    i = j - 1;
+  }
+  return std::nullopt;
+}
+
+/// This thread's parser and padded copy of the line (simdjson reads up to
+/// SIMDJSON_PADDING bytes past a document; a mapped line has no such slack).
+struct JsonScratch {
+  simdjson::dom::parser parser;
+  std::vector<char> buffer;
+};
+
+JsonScratch& json_scratch() {
+  thread_local JsonScratch scratch;
+  return scratch;
 }
 
 }  // namespace
@@ -188,31 +272,41 @@ void LinesSource::read(const Ref& ref, Sample& sample) const {
 
 void LinesSource::read_json(std::size_t k, std::uint64_t offset, std::span<const std::byte> bytes,
                             Sample& sample) const {
-  const auto* begin = reinterpret_cast<const char*>(bytes.data());
-  const char* end = begin + bytes.size();
-  auto parse = [&] {
+  // simdjson validates the whole line (and reads what json_fields select from its DOM); a line
+  // it refuses is parsed again by nlohmann, only for its message, which says where and why. A
+  // line that only nlohmann accepts holds an integer beyond 64 bits, which nlohmann would
+  // have read as an inexact double: refused, naming it.
+  const std::string_view line(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  JsonScratch& scratch = json_scratch();
+  if (scratch.buffer.size() < line.size() + simdjson::SIMDJSON_PADDING)
+    scratch.buffer.resize(line.size() + simdjson::SIMDJSON_PADDING);
+  if (!line.empty()) std::memcpy(scratch.buffer.data(), line.data(), line.size());
+  simdjson::dom::element doc;
+  if (const auto err = scratch.parser.parse(scratch.buffer.data(), line.size(), false).get(doc)) {
     try {
-      return Json::parse(begin, end);
-    } catch (const Json::exception& e) {
+      (void)nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
       fail(k, offset, std::string("invalid JSON: ") + e.what());
     }
-  };
+    if (auto big = big_integer(line))
+      fail(k, offset,
+           "the integer " + big->first + " at byte " + std::to_string(big->second) +
+               " of the line does not fit in 64 bits (integers are read exactly or not at all)");
+    fail(k, offset, std::string("invalid JSON: ") + simdjson::error_message(err));
+  }
   if (json_ids_.empty()) {
-    // Checking syntax builds no document; only a line that fails is parsed again, for the
-    // parser's message.
-    if (!Json::accept(begin, end)) parse();
     sample.set(field_, bytes_tensor(bytes.data(), bytes.size()));
     return;
   }
-  const Json doc = parse();
-  if (!doc.is_object())
-    fail(k, offset, std::string("the line is a JSON ") + doc.type_name() + ", not an object");
+  simdjson::dom::object object;
+  if (doc.get_object().get(object))
+    fail(k, offset, std::string("the line is a JSON ") + type_name(doc.type()) + ", not an object");
   for (std::size_t f = 0; f < json_ids_.size(); ++f) {
     const std::string& key = options_.json_fields[f];
-    auto it = doc.find(key);
-    if (it == doc.end()) fail(k, offset, "key '" + key + "' is missing");
+    simdjson::dom::element value;
+    if (object.at_key(key).get(value)) fail(k, offset, "key '" + key + "' is missing");
     std::string error;
-    Tensor t = json_tensor(*it, key, error);
+    Tensor t = json_tensor(value, key, error);
     if (!t.defined()) fail(k, offset, error);
     sample.set(json_ids_[f], std::move(t));
   }

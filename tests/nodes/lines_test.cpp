@@ -438,6 +438,35 @@ TEST(LinesSource, ReportsJsonValuesOfUnsupportedTypes) {
               HasSubstr("line 7 (byte 119): the line is a JSON array, not an object"));
 }
 
+TEST(LinesSource, ReadsJsonIntegersExactlyOrRefusesThem) {
+  // An integer beyond 64 bits is refused with its place, never read as an inexact double
+  // that would also turn its whole array into float64.
+  TempDir dir;
+  testing::write_lines(dir / "a.jsonl",
+                       {R"({"v": [9007199254740993, 1], "s": "123456789012345678901234567890"})",
+                        R"({"v": [9007199254740993, 18446744073709551616], "s": ""})",
+                        R"({"s": "x", "v": -9223372036854775809})",
+                        R"({"v": [1.5, -9223372036854775808], "s": "99999999999999999999"})"});
+  LinesSource src(
+      "lines",
+      {.paths = {dir / "a.jsonl"}, .format = LinesFormat::kJsonl, .json_fields = {"v", "s"}});
+  Sample s;
+  src.read(src.at(0, 0), s);
+  ASSERT_EQ(s.at("v").dtype(), DType::kInt64);
+  EXPECT_EQ(s.at("v").values<std::int64_t>()[0], 9007199254740993);
+  EXPECT_EQ(read_error(src, 1),
+            "'" + dir / "a.jsonl" +
+                "' line 2 (byte 68): the integer 18446744073709551616 at byte 25 of the line does "
+                "not fit in 64 bits (integers are read exactly or not at all)");
+  EXPECT_THAT(read_error(src, 2),
+              HasSubstr("line 3 (byte 125): the integer -9223372036854775809 at byte 16 of the "
+                        "line does not fit in 64 bits"));
+  Sample f;
+  src.read(src.at(0, 3), f);  // a float makes the array float64; its integer fits
+  ASSERT_EQ(f.at("v").dtype(), DType::kFloat64);
+  EXPECT_EQ(f.at("v").values<double>()[1], -9223372036854775808.0);
+}
+
 // ---- opening ----
 
 TEST(LinesSource, RejectsAnEmptyMatch) {
