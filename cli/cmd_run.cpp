@@ -416,30 +416,39 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
 
   std::string reason;
   int stopped_by = 0;  // the signal that stopped the run
+  bool ended = false;  // the loader has no more batches
   for (;;) {
     const std::uint64_t next = next_delivered(last ? *last + 1 : 0, skips);
-    if (steps && next >= *steps) {
-      reason = batches == 0 ? "already at --steps " + std::to_string(*steps)
-                            : "reached --steps " + std::to_string(*steps);
-      break;
-    }
+    const bool at_steps = steps && next >= *steps;
     int sig = g_signal.load();
+    bool all_done = ended || at_steps;
     if (options.coordinator) {
       // The ranks stop at the same batch, so that their last checkpoint is of one step: a
-      // signal (mpirun forwards it to every rank, each sees it at its own moment) stops all.
-      // One small collective per batch, in the same order as the checkpoints' on every rank.
-      for (const auto& s : options.coordinator->all_gather(std::to_string(sig)))
+      // signal (mpirun forwards it to every rank, each sees it at its own moment) stops all,
+      // and a rank that is done waits for the others. One small collective per batch, in the
+      // same order as the checkpoints' on every rank.
+      const std::string mine = std::to_string(sig) + (ended || at_steps ? " done" : " more");
+      for (const auto& s : options.coordinator->all_gather(mine)) {
         if (sig == 0) sig = std::stoi(s);
+        all_done = all_done && s.ends_with(" done");
+      }
+    }
+    if (all_done) {
+      reason = ended          ? "end of data"
+               : batches == 0 ? "already at --steps " + std::to_string(*steps)
+                              : "reached --steps " + std::to_string(*steps);
+      break;
     }
     if (sig != 0) {
       reason = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
       stopped_by = sig;
       break;
     }
+    if (ended || at_steps) continue;  // waiting for the other ranks
     std::optional<Batch> b = loader.next();
     if (!b) {
-      reason = "end of data";
-      break;
+      ended = true;
+      continue;
     }
     consume(*b);
   }

@@ -717,21 +717,41 @@ std::string write_group_checkpoint(const std::string& dir, std::uint64_t step,
   const std::string part = join(tmp, part_name(rank));
 
   // 1. Rank 0 prepares step-N.tmp under the writers' lock, which it holds until the commit;
-  // every rank checks that its state can be restored.
+  // every rank checks that its state can be restored, and that all write the same step.
   std::optional<DirectoryLock> lock;
-  agree(coordinator, outcome([&] {
-          PipelineState::decode(state, "state");
-          if (rank != 0) return;
-          create_directories_durably(dir);
-          lock.emplace(join(dir, kLockFile));
-          clean_up(dir);
-          if (!options.overwrite) refuse_if_behind(dir, step);
-          if (::mkdir(tmp.c_str(), 0755) != 0)
-            throw CheckpointError(
-                tmp, "cannot create directory " + quote(tmp) + ": " + std::strerror(errno));
-          phase("tmp-created");
-        }),
-        final_dir);
+  bool created = false;
+  const std::optional<std::string> prepared = outcome([&] {
+    PipelineState::decode(state, "state");
+    if (rank != 0) return;
+    create_directories_durably(dir);
+    lock.emplace(join(dir, kLockFile));
+    clean_up(dir);
+    if (!options.overwrite) refuse_if_behind(dir, step);
+    if (::mkdir(tmp.c_str(), 0755) != 0)
+      throw CheckpointError(tmp,
+                            "cannot create directory " + quote(tmp) + ": " + std::strerror(errno));
+    created = true;
+    phase("tmp-created");
+  });
+  const std::vector<std::string> ready =
+      coordinator.all_gather(prepared ? "1" + *prepared : "0" + std::to_string(step));
+  std::optional<std::string> refused;
+  std::string steps;
+  for (std::size_t r = 0; r < ready.size(); ++r) {
+    if (!refused && ready[r][0] == '1')
+      refused = "rank " + std::to_string(r) + ": " + ready[r].substr(1);
+    steps += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " at step " +
+             ready[r].substr(1);
+  }
+  if (!refused)
+    for (const auto& m : ready)
+      if (m != ready[0])
+        refused = "the ranks checkpoint different steps (" + steps +
+                  "): every rank must take the same number of steps (shard's uneven: pad or drop)";
+  if (refused) {
+    if (created) remove_tree(tmp);
+    throw CheckpointError(final_dir, "checkpoint " + quote(final_dir) + " failed: " + *refused);
+  }
 
   // 2. Every rank writes and fsyncs its part, and tells rank 0 its size and checksum.
   std::optional<std::string> error = outcome([&] {
