@@ -65,7 +65,8 @@ constexpr const char* kUsage =
     "one checkpoint directory (it must be visible to all of them): each step-N holds every\n"
     "rank's part and is committed once all are durable, and --resume takes the newest step\n"
     "every rank verifies. Without MPI (torchrun's RANK/WORLD_SIZE), give each rank its own\n"
-    "directory: --checkpoint-dir 'ck/{rank}'.\n\n"
+    "directory: --checkpoint-dir 'ck/{rank}'. The ranks agree every 32 batches whether to\n"
+    "stop, so a signal stops them all at one step within 32 batches.\n\n"
     "exit status: 0 the run ended (end of data or --steps); 143 stopped by SIGTERM, 130 by\n"
     "SIGINT (128 + the signal, as a shell reports it), once the final checkpoint is durable,\n"
     "so a scheduler can tell a preempted run from a finished one; 2 usage or configuration\n"
@@ -227,6 +228,10 @@ std::uint64_t next_delivered(std::uint64_t step,
     if (first <= step && step <= last) step = last == UINT64_MAX ? last : last + 1;
   return step;
 }
+
+/// Steps between the ranks' agreements on whether to stop (see run_ranks): the most batches a
+/// signal waits for.
+constexpr std::uint64_t kAgreeEvery = 32;
 
 /// `path` with every "{rank}" replaced by `rank`.
 std::string with_rank(std::string path, std::uint64_t rank) {
@@ -423,14 +428,20 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
     int sig = g_signal.load();
     bool all_done = ended || at_steps;
     if (options.coordinator) {
-      // The ranks stop at the same batch, so that their last checkpoint is of one step: a
-      // signal (mpirun forwards it to every rank, each sees it at its own moment) stops all,
-      // and a rank that is done waits for the others. One small collective per batch, in the
-      // same order as the checkpoints' on every rank.
-      const std::string mine = std::to_string(sig) + (ended || at_steps ? " done" : " more");
-      for (const auto& s : options.coordinator->all_gather(mine)) {
-        if (sig == 0) sig = std::stoi(s);
-        all_done = all_done && s.ends_with(" done");
+      // The ranks stop at the same batch, so that their last checkpoint is of one step. They
+      // agree at every kAgreeEvery-th step and whenever one is done (end of data, --steps;
+      // in step on every rank but with uneven: allow): a signal (mpirun forwards it to every
+      // rank, each sees it at its own moment) stops all at the next agreement, and a rank that
+      // is done waits there for the others. One small collective per kAgreeEvery batches, in
+      // the same order as the checkpoints' on every rank.
+      if (all_done || next % kAgreeEvery == 0) {
+        const std::string mine = std::to_string(sig) + (all_done ? " done" : " more");
+        for (const auto& s : options.coordinator->all_gather(mine)) {
+          if (sig == 0) sig = std::stoi(s);
+          all_done = all_done && s.ends_with(" done");
+        }
+      } else {
+        sig = 0;  // until the next agreement
       }
     }
     if (all_done) {
