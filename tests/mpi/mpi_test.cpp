@@ -183,6 +183,33 @@ TEST_F(MpiRun, SigkillOfTheWholeJobAtRandomMomentsResumesIdentically) {
   }
 }
 
+TEST_F(MpiRun, SigtermStopsEveryRankAtOneStepWithOneFinalCheckpoint) {
+  pipeline("p.yaml", 20000, "  - shard: {}\n  - shuffle: {mode: global}\n  - batch: {size: 16}\n",
+           40);
+  CliProcess job(mpirun_args(4, testing::cli_path(),
+                             {"run", "p.yaml", "--checkpoint-dir", "ck", "--checkpoint-every",
+                              "100", "--digests", "d-{rank}.txt"}),
+                 dir_.str(), FLOWSTATE_MPIEXEC);
+  // Preempted once the job is under way: mpirun forwards SIGTERM to every rank.
+  for (int i = 0; i < 3000 && !std::filesystem::exists(dir_ / "ck/step-000000000100"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  job.signal(SIGTERM);
+  CliResult r = job.wait(60);
+  const auto found = find_latest_checkpoint(dir_ / "ck");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->world, 4u);
+  EXPECT_LT(found->step, 5000u * 40 / 16) << "the job ran to its end: " << r.err;
+  // Every rank stopped at the same step, the step of the final checkpoint.
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(lines("d-" + std::to_string(rank) + ".txt").size(), found->step) << "rank " << rank;
+    EXPECT_NE(
+        r.err.find("rank " + std::to_string(rank) + ": run finished (interrupted by SIGTERM)"),
+        std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(found->step % 32, 0u) << "ranks agree on stopping every 32 steps";
+}
+
 TEST_F(MpiRun, SigkillOfOneRankInsideACheckpointLeavesThePreviousStepCommitted) {
   pipeline("p.yaml", 2000, "  - shard: {}\n  - shuffle: {mode: global}\n  - batch: {size: 10}\n");
   ASSERT_EQ(mpirun(4, {"run", "p.yaml", "--digests", "full-{rank}.txt"}, dir_.str()).status, 0);
