@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "config/yaml.h"
-#include "graph/loader.h"
-#include "mpi/mpi_coordinator.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/mpi/mpi_coordinator.h"
 
 int main(int argc, char** argv) {
   using namespace flowstate;

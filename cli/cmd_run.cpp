@@ -14,13 +14,13 @@
 #include <memory>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "core/hash.h"
-#include "core/launcher.h"
-#include "graph/loader.h"
-#include "nodes/batch.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/launcher.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/batch.h"
 #ifdef FLOWSTATE_HAVE_MPI
-#include "mpi/mpi_coordinator.h"
+#include "flowstate/mpi/mpi_coordinator.h"
 #endif
 
 namespace flowstate::cli {

@@ -1,11 +1,11 @@
-#include "core/launcher.h"
+#include "flowstate/core/launcher.h"
 
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 namespace {

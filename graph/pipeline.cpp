@@ -1,4 +1,4 @@
-#include "graph/pipeline.h"
+#include "flowstate/graph/pipeline.h"
 
 #include <algorithm>
 #include <iostream>
@@ -6,8 +6,8 @@
 #include <mutex>
 #include <set>
 
-#include "core/error.h"
-#include "core/hash.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
 
 namespace flowstate {
 

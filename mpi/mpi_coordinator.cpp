@@ -1,10 +1,10 @@
-#include "mpi/mpi_coordinator.h"
+#include "flowstate/mpi/mpi_coordinator.h"
 
 #include <mpi.h>
 
 #include <climits>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -9,7 +9,7 @@
 
 #include <mutex>
 
-#include "core/coordinator.h"
+#include "flowstate/core/coordinator.h"
 
 namespace flowstate {
 

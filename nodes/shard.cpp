@@ -1,8 +1,8 @@
-#include "nodes/shard.h"
+#include "flowstate/nodes/shard.h"
 
-#include "core/error.h"
-#include "core/launcher.h"
-#include "core/rng.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/launcher.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 

@@ -42,7 +42,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/coordinator.h"
+#include "flowstate/core/coordinator.h"
 
 namespace flowstate {
 

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <thread>
 
-#include "serialization/checkpoint.h"
+#include "flowstate/serialization/checkpoint.h"
 #include "tests/cli/cli_support.h"
 
 namespace flowstate {

@@ -11,10 +11,10 @@
 #include <memory>
 #include <string>
 
-#include "config/yaml.h"
-#include "core/hash.h"
-#include "graph/loader.h"
-#include "mpi/mpi_coordinator.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/mpi/mpi_coordinator.h"
 
 int main(int argc, char** argv) {
   using namespace flowstate;

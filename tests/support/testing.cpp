@@ -10,7 +10,7 @@
 #include <random>
 #include <thread>
 
-#include "core/rng.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate::testing {
 

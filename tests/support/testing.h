@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/coordinator.h"
-#include "graph/loader.h"
-#include "graph/testing.h"
+#include "flowstate/core/coordinator.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/testing.h"
 
 namespace flowstate::testing {
 
