@@ -7,15 +7,21 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <memory>
 
 #include "cli/command.h"
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
+#include "flowstate/core/launcher.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/batch.h"
+#ifdef FLOWSTATE_HAVE_MPI
+#include "flowstate/mpi/mpi_coordinator.h"
+#endif
 
 namespace flowstate::cli {
 namespace {
@@ -44,6 +50,9 @@ constexpr const char* kUsage =
     "  --set KEY=VALUE         override a pipeline value (nodes[1].shuffle.size=1024; repeatable)\n"
     "  --digests FILE|-        append '<step> <epoch> <index_in_epoch> <digest>' per batch\n"
     "  --provenance FILE|-     append '<step> <epoch> <index_in_epoch> <source>:<index>...'\n"
+    "                          (a padding sample: <source>:<index>:pad). In the paths of\n"
+    "                          --digests, --provenance and --checkpoint-dir, {rank} is\n"
+    "                          replaced by this process's rank\n"
     "  --progress-interval S   seconds between progress lines when not on a terminal\n"
     "                          (default 10; 0: a line per batch). A line shows the percent\n"
     "                          done and an ETA when the number of steps is known (--steps,\n"
@@ -51,6 +60,13 @@ constexpr const char* kUsage =
     "With a checkpoint directory, the run also checkpoints its last batch when it ends, and\n"
     "SIGTERM or SIGINT stop it cleanly after checkpointing the last delivered batch; a second\n"
     "signal kills it.\n\n"
+    "Many ranks: under mpirun (or another MPI launcher) every rank runs this command with the\n"
+    "same arguments; rank and world come from the launcher. Built with MPI, the ranks share\n"
+    "one checkpoint directory (it must be visible to all of them): each step-N holds every\n"
+    "rank's part and is committed once all are durable, and --resume takes the newest step\n"
+    "every rank verifies. Without MPI (torchrun's RANK/WORLD_SIZE), give each rank its own\n"
+    "directory: --checkpoint-dir 'ck/{rank}'. The ranks agree every 32 batches whether to\n"
+    "stop, so a signal stops them all at one step within 32 batches.\n\n"
     "exit status: 0 the run ended (end of data or --steps); 143 stopped by SIGTERM, 130 by\n"
     "SIGINT (128 + the signal, as a shell reports it), once the final checkpoint is durable,\n"
     "so a scheduler can tell a preempted run from a finished one; 2 usage or configuration\n"
@@ -213,15 +229,38 @@ std::uint64_t next_delivered(std::uint64_t step,
   return step;
 }
 
+/// Steps between the ranks' agreements on whether to stop (see run_ranks): the most batches a
+/// signal waits for.
+constexpr std::uint64_t kAgreeEvery = 32;
+
+/// `path` with every "{rank}" replaced by `rank`.
+std::string with_rank(std::string path, std::uint64_t rank) {
+  const std::string r = std::to_string(rank);
+  for (std::size_t at = path.find("{rank}"); at != std::string::npos;
+       at = path.find("{rank}", at + r.size()))
+    path.replace(at, 6, r);
+  return path;
+}
+
+std::optional<std::string> with_rank(const std::optional<std::string>& path, std::uint64_t rank) {
+  if (!path) return path;
+  return with_rank(*path, rank);
+}
+
+/// True when an MPI launcher started this process (mpirun, or a PMI/PMIx one).
+bool under_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (const char* s = std::getenv(v); s != nullptr && *s != '\0') return true;
+  return false;
+}
+
 std::uint64_t batch_bytes(const Batch& b) {
   std::uint64_t n = 0;
   for (const auto& [id, t] : b.fields) n += t.nbytes();
   return n;
 }
 
-}  // namespace
-
-int cmd_run(std::span<const std::string> argv) {
+int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> coordinator) {
   Args args(argv,
             {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
              "--set", "--digests", "--provenance", "--workers", "--progress-interval"},
@@ -246,8 +285,29 @@ int cmd_run(std::span<const std::string> argv) {
                                     : load_pipeline(path, args.values("--set"));
   if (moved) note("--digests hashes host memory: device_copy delivers to the cpu in this run");
 
+  const LaunchEnv env = launch_env("flowstate run");
+  const std::uint64_t rank = coordinator ? coordinator->rank() : env.rank.value_or(0);
+  const std::uint64_t world = coordinator ? coordinator->world() : env.world.value_or(1);
+  for (const auto& n : config.pipeline.nodes()) {
+    const auto* shard = n.options_as<ShardOptions>();
+    if (shard != nullptr && (*shard->world != world || *shard->rank != rank))
+      throw ConfigError(n.name, "'" + n.name + "' is rank " + std::to_string(*shard->rank) +
+                                    " of " + std::to_string(*shard->world) +
+                                    ", but the launcher started rank " + std::to_string(rank) +
+                                    " of " + std::to_string(world));
+  }
+
   std::string ckpt_dir = config.checkpoint ? config.checkpoint->dir : "";
   if (auto d = args.value("--checkpoint-dir")) ckpt_dir = *d;
+  const bool per_rank_dir = ckpt_dir.find("{rank}") != std::string::npos;
+  ckpt_dir = with_rank(ckpt_dir, rank);
+  if (!ckpt_dir.empty() && world > 1 && !coordinator && !per_rank_dir)
+    throw ConfigError(ckpt_dir, std::to_string(world) +
+                                    " ranks would share the checkpoint directory '" + ckpt_dir +
+                                    "' without a coordinator (this flowstate was built without "
+                                    "MPI, or was not started by an MPI launcher); give each rank "
+                                    "its own with --checkpoint-dir '" +
+                                    ckpt_dir + "/{rank}'");
   std::uint64_t every = config.checkpoint ? config.checkpoint->every_steps : 0;
   if (auto k = args.uint("--checkpoint-every")) every = *k;
   std::size_t keep = config.checkpoint ? config.checkpoint->keep : 0;
@@ -280,6 +340,7 @@ int cmd_run(std::span<const std::string> argv) {
   LoaderOptions options;
   options.epochs = args.uint("--epochs").value_or(config.epochs);
   if (workers) options.workers = static_cast<int>(*workers);
+  if (!per_rank_dir) options.coordinator = coordinator;
   Loader loader(config.pipeline, options);
 
   std::optional<std::uint64_t> checkpointed;  // steps consumed at the last checkpoint
@@ -304,8 +365,8 @@ int cmd_run(std::span<const std::string> argv) {
     skips = loader.state_struct().skips;
   }
 
-  LineOutput digests(args.value("--digests"), "--digests");
-  LineOutput provenance(args.value("--provenance"), "--provenance");
+  LineOutput digests(with_rank(args.value("--digests"), rank), "--digests");
+  LineOutput provenance(with_rank(args.value("--provenance"), rank), "--provenance");
   SignalScope signals;
   Progress progress(interval);
   const auto start = Clock::now();
@@ -322,25 +383,8 @@ int cmd_run(std::span<const std::string> argv) {
     note("checkpoint " + last_checkpoint);
   };
 
-  std::string reason;
-  int stopped_by = 0;  // the signal that stopped the run
-  for (;;) {
-    const std::uint64_t next = next_delivered(last ? *last + 1 : 0, skips);
-    if (steps && next >= *steps) {
-      reason = batches == 0 ? "already at --steps " + std::to_string(*steps)
-                            : "reached --steps " + std::to_string(*steps);
-      break;
-    }
-    if (int sig = g_signal.load(); sig != 0) {
-      reason = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
-      stopped_by = sig;
-      break;
-    }
-    std::optional<Batch> b = loader.next();
-    if (!b) {
-      reason = "end of data";
-      break;
-    }
+  auto consume = [&](const Batch& batch) {
+    const Batch* b = &batch;
     const BatchInfo& info = b->info;
     last = info.step;
     if (!first_step) first_step = info.step;
@@ -363,9 +407,61 @@ int cmd_run(std::span<const std::string> argv) {
     progress.batch(*b, nbytes, total);
     if (!ckpt_dir.empty() && every > 0 && (info.step + 1) % every == 0) {
       finish_pending();
-      pending = loader.save_checkpoint_async(ckpt_dir, {.keep = keep});
+      if (options.coordinator) {
+        // Collective: on this thread, in the same order as the per-batch stop check.
+        last_checkpoint = loader.save_checkpoint(ckpt_dir, {.keep = keep});
+        progress.clear();
+        note("checkpoint " + last_checkpoint);
+      } else {
+        pending = loader.save_checkpoint_async(ckpt_dir, {.keep = keep});
+      }
       checkpointed = info.step + 1;
     }
+  };
+
+  std::string reason;
+  int stopped_by = 0;  // the signal that stopped the run
+  bool ended = false;  // the loader has no more batches
+  for (;;) {
+    const std::uint64_t next = next_delivered(last ? *last + 1 : 0, skips);
+    const bool at_steps = steps && next >= *steps;
+    int sig = g_signal.load();
+    bool all_done = ended || at_steps;
+    if (options.coordinator) {
+      // The ranks stop at the same batch, so that their last checkpoint is of one step. They
+      // agree at every kAgreeEvery-th step and whenever one is done (end of data, --steps;
+      // in step on every rank but with uneven: allow): a signal (mpirun forwards it to every
+      // rank, each sees it at its own moment) stops all at the next agreement, and a rank that
+      // is done waits there for the others. One small collective per kAgreeEvery batches, in
+      // the same order as the checkpoints' on every rank.
+      if (all_done || next % kAgreeEvery == 0) {
+        const std::string mine = std::to_string(sig) + (all_done ? " done" : " more");
+        for (const auto& s : options.coordinator->all_gather(mine)) {
+          if (sig == 0) sig = std::stoi(s);
+          all_done = all_done && s.ends_with(" done");
+        }
+      } else {
+        sig = 0;  // until the next agreement
+      }
+    }
+    if (all_done) {
+      reason = ended          ? "end of data"
+               : batches == 0 ? "already at --steps " + std::to_string(*steps)
+                              : "reached --steps " + std::to_string(*steps);
+      break;
+    }
+    if (sig != 0) {
+      reason = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      stopped_by = sig;
+      break;
+    }
+    if (ended || at_steps) continue;  // waiting for the other ranks
+    std::optional<Batch> b = loader.next();
+    if (!b) {
+      ended = true;
+      continue;
+    }
+    consume(*b);
   }
   finish_pending();
   progress.clear();
@@ -375,7 +471,8 @@ int cmd_run(std::span<const std::string> argv) {
   }
 
   const double secs = std::max(seconds_since(start), 1e-9);
-  std::string summary = "run finished (" + reason + "): " + std::to_string(batches) + " batches";
+  std::string summary = (world > 1 ? "rank " + std::to_string(rank) + ": " : std::string()) +
+                        "run finished (" + reason + "): " + std::to_string(batches) + " batches";
   if (first_step)
     summary += ", steps " + std::to_string(*first_step) + ".." + std::to_string(*last) +
                ", epoch " + std::to_string(*last_epoch);
@@ -388,6 +485,26 @@ int cmd_run(std::span<const std::string> argv) {
   note(summary + rates);
   // Stopped by a signal: the conventional 128 + signal, after the final checkpoint above.
   return stopped_by != 0 ? 128 + stopped_by : kExitOk;
+}
+
+}  // namespace
+
+int cmd_run(std::span<const std::string> argv) {
+  std::shared_ptr<Coordinator> coordinator;
+#ifdef FLOWSTATE_HAVE_MPI
+  std::shared_ptr<MpiCoordinator> mpi;
+  if (under_mpi_launcher()) coordinator = mpi = std::make_shared<MpiCoordinator>();
+  try {
+    return run_ranks(argv, coordinator);
+  } catch (...) {
+    // Other ranks may be waiting in a collective this rank never joins: MPI_Finalize would
+    // wait for them. Exiting unfinalized has the launcher end the job.
+    if (mpi) mpi->skip_finalize();
+    throw;
+  }
+#else
+  return run_ranks(argv, coordinator);
+#endif
 }
 
 }  // namespace flowstate::cli

@@ -48,6 +48,20 @@ if(NOT FLOWSTATE_WITH_CUDA STREQUAL "OFF")
 endif()
 message(STATUS "flowstate: CUDA device_copy ${FLOWSTATE_HAVE_CUDA}")
 
+# MPI: the coordinator of multi-rank jobs (mpi/). Open MPI from Debian: openmpi-bin (mpirun)
+# and libopenmpi-dev. Tests that start jobs under mpirun are registered only with it.
+set(FLOWSTATE_HAVE_MPI OFF)
+if(NOT FLOWSTATE_WITH_MPI STREQUAL "OFF")
+  find_package(MPI QUIET COMPONENTS CXX)
+  if(MPI_CXX_FOUND AND MPIEXEC_EXECUTABLE)
+    set(FLOWSTATE_HAVE_MPI ON)
+  elseif(FLOWSTATE_WITH_MPI STREQUAL "ON")
+    message(FATAL_ERROR "FLOWSTATE_WITH_MPI=ON but MPI was not found: install the Debian packages "
+                        "'openmpi-bin' and 'libopenmpi-dev' (or run scripts/install-deps.sh)")
+  endif()
+endif()
+message(STATUS "flowstate: MPI coordinator ${FLOWSTATE_HAVE_MPI}")
+
 if(FLOWSTATE_BUILD_TESTS)
   flowstate_require(GTest libgtest-dev CONFIG)
 endif()

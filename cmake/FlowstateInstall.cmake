@@ -8,6 +8,9 @@ install(DIRECTORY core serialization nodes graph config
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate
         FILES_MATCHING PATTERN "*.h" PATTERN "yaml_support.h" EXCLUDE)
 install(FILES flowstate.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate)
+if(FLOWSTATE_HAVE_MPI)
+  install(DIRECTORY mpi DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate FILES_MATCHING PATTERN "*.h")
+endif()
 install(EXPORT flowstateTargets NAMESPACE flowstate:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/flowstate)
 configure_package_config_file(cmake/flowstateConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/flowstateConfig.cmake

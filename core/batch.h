@@ -30,7 +30,10 @@ struct BatchInfo {
   bool is_last_in_epoch = false;  ///< no later batch of this epoch will be delivered
   std::uint32_t num_samples = 0;  ///< samples in this batch
   std::uint32_t remainder = 0;    ///< valid samples of a short last batch; 0 when full
-  std::vector<Ref> refs;          ///< provenance: the records of its samples, in order
+  /// Samples of this batch that repeat a record so that every rank takes the same number of
+  /// steps (shard's `uneven: pad`); their Refs are marked (Ref::is_pad).
+  std::uint32_t padding = 0;
+  std::vector<Ref> refs;  ///< provenance: the records of its samples, in order
 };
 
 /// Completion of asynchronous work on a batch (a device copy). The Loader waits on it before

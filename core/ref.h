@@ -15,9 +15,22 @@ struct Ref {
   std::uint32_t shard = 0;   ///< file (or shard) index within the source
   std::uint64_t index = 0;   ///< global record index within the source
 
+  /// Set in `index` on a padding sample: a record repeated so that every rank takes the same
+  /// number of steps (shard's `uneven: pad`). Record indices stay far below it.
+  static constexpr std::uint64_t kPadBit = std::uint64_t{1} << 63;
+
   auto operator<=>(const Ref&) const = default;
-  /// "source:index", the form used in provenance files.
-  std::string to_string() const { return std::to_string(source) + ":" + std::to_string(index); }
+  /// True when this sample repeats a record as padding (see kPadBit).
+  bool is_pad() const { return (index & kPadBit) != 0; }
+  /// The record this Ref reads: itself without the padding mark.
+  Ref record() const { return {source, shard, index & ~kPadBit}; }
+  /// The same record marked as padding.
+  Ref as_pad() const { return {source, shard, index | kPadBit}; }
+  /// "source:index", the form used in provenance files; "source:index:pad" for padding.
+  std::string to_string() const {
+    return std::to_string(source) + ":" + std::to_string(index & ~kPadBit) +
+           (is_pad() ? ":pad" : "");
+  }
 
   template <class Archive>
   void serialize(Archive& ar) {

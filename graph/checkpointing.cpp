@@ -119,6 +119,10 @@ std::string Loader::save_checkpoint(const std::string& dir,
                                     const CheckpointWriteOptions& options) const {
   const std::uint64_t step = checkpoint_step(last_step_);
   const std::string bytes = state();
+  // A collective write is ordered by the collective itself (and the ranks may be threads of
+  // this process, which the per-process queue would deadlock).
+  if (options_.coordinator)
+    return write_group_checkpoint(dir, step, bytes, *options_.coordinator, options);
   return WriteOrder::run(WriteOrder::take(dir),
                          [&] { return write_checkpoint(dir, step, bytes, options); });
 }
@@ -134,10 +138,12 @@ std::future<std::string> Loader::save_checkpoint_async(const std::string& dir,
   // shared. Encoding it moves with the file I/O.
   const std::uint64_t step = checkpoint_step(last_step_);
   PipelineState s = state_struct_without_spine();
-  WriteOrder::Turn turn = WriteOrder::take(dir);
+  std::optional<WriteOrder::Turn> turn;
+  if (!options_.coordinator) turn = WriteOrder::take(dir);
   std::promise<void> done;
   saves_->started(done.get_future().share());
   return std::async(std::launch::async, [dir, step, s = std::move(s), stamp = last_stamp_,
+                                         coordinator = options_.coordinator,
                                          options = std::move(options), turn = std::move(turn),
                                          saves = saves_, done = std::move(done)]() mutable {
     struct Done {
@@ -147,7 +153,8 @@ std::future<std::string> Loader::save_checkpoint_async(const std::string& dir,
     try {
       s.spine = serialize_stamp(*stamp);
       const std::string bytes = s.encode();
-      return WriteOrder::run(std::move(turn),
+      if (coordinator) return write_group_checkpoint(dir, step, bytes, *coordinator, options);
+      return WriteOrder::run(std::move(*turn),
                              [&] { return write_checkpoint(dir, step, bytes, options); });
     } catch (const CheckpointError& e) {
       // Named for the checkpoint, with the system's reason from the step that failed.
@@ -163,6 +170,21 @@ std::future<std::string> Loader::save_checkpoint_async(const std::string& dir,
 }
 
 std::optional<CheckpointFound> Loader::restore(const std::string& dir) {
+  if (options_.coordinator) {
+    Coordinator& coordinator = *options_.coordinator;
+    std::optional<CheckpointFound> found = find_group_checkpoint(dir, coordinator);
+    if (!found) return std::nullopt;
+    const std::string file = found->path;
+    // Every rank loads its part; all go on, or all fail with the first failure.
+    std::optional<std::string> error;
+    try {
+      load_state(found->state);
+    } catch (const CheckpointError& e) {
+      error = "cannot restore " + found->path + ": " + e.what();
+    }
+    agree(coordinator, error, file);
+    return found;
+  }
   std::optional<CheckpointFound> found = find_latest_checkpoint(dir);
   if (!found) {
     // None verifies. An empty (or missing) directory is a fresh start; any evidence of

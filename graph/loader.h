@@ -35,6 +35,11 @@ struct LoaderOptions {
   std::uint64_t epochs = 1;             ///< epochs to run; 0 runs forever
   std::optional<int> workers;           ///< overrides the pipeline's batch-assembly workers
   std::optional<std::size_t> prefetch;  ///< overrides the pipeline's prefetch depth
+  /// The job's ranks (core/coordinator.h), or null for a process on its own. With one,
+  /// save_checkpoint(_async) and restore are collective: every rank calls them at the same
+  /// steps, and a checkpoint is one step-N holding every rank's part, committed for all at
+  /// once (serialization/checkpoint.h).
+  std::shared_ptr<Coordinator> coordinator;
 };
 
 /// Where time went in a running Loader, for finding the bottleneck. Counters accumulate over
@@ -108,7 +113,9 @@ class Loader {
   /// next() or save_checkpoint_async call, whichever comes first.
   std::future<std::string> save_checkpoint_async(const std::string& dir,
                                                  CheckpointWriteOptions options = {}) const;
-  /// Continues from the newest checkpoint under `dir` that verifies (see
+  /// Continues from the newest checkpoint under `dir` that verifies (with a coordinator: the
+  /// newest whose part every rank verifies, the same step on every rank, or the same error on
+  /// every rank) (see
   /// find_latest_checkpoint; LATEST is only a hint); returns what was loaded (path, step, and
   /// the newer checkpoints that were skipped, with reasons), or nullopt when `dir` is missing
   /// or holds no evidence of checkpoints (the loader is then unchanged). Throws

@@ -1,5 +1,6 @@
 #include "flowstate/graph/pipeline.h"
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -71,6 +72,12 @@ std::string Pipeline::Builder::unique_name(const std::string& base) {
 
 Pipeline::Builder& Pipeline::Builder::add(const NodeDef& def, std::any options,
                                           std::vector<Pipeline> inputs) {
+  if (&def == &shard_node()) {
+    // After batch, a shard cuts global batches (the elastic layout): see nodes/shard.h.
+    auto& shard = std::any_cast<ShardOptions&>(options);
+    shard.after_batch = std::any_of(p_.nodes_.begin(), p_.nodes_.end(),
+                                    [](const NodeSpec& s) { return s.phase() == Phase::kBatch; });
+  }
   if (def.resolve) options = def.resolve(options);
   NodeSpec n;
   n.name = unique_name(def.base_name ? def.base_name(options) : def.type);
@@ -79,6 +86,8 @@ Pipeline::Builder& Pipeline::Builder::add(const NodeDef& def, std::any options,
   n.description = def.describe(options);
   if (def.workers) n.workers = def.workers(options);
   if (!inputs.empty()) n.inputs = std::make_shared<const std::vector<Pipeline>>(std::move(inputs));
+  if (def.warnings)
+    for (auto& w : def.warnings(options)) p_.warnings_.push_back(n.name + ": " + std::move(w));
   n.options = std::make_shared<const std::any>(std::move(options));
   p_.nodes_.push_back(std::move(n));
   return *this;
@@ -129,9 +138,18 @@ void Pipeline::Builder::check_order() const {
     throw ConfigError("source", "a pipeline starts with a source");
   int sources = 0;
   Phase last = Phase::kSource;
-  for (const auto& n : nodes) {
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const NodeSpec& n = nodes[i];
     const Phase ph = n.phase();
     sources += ph == Phase::kSource;
+    if (const auto* shard = n.options_as<ShardOptions>(); shard && shard->after_batch) {
+      // The elastic layout: the shard cuts what batch makes, before any batch map.
+      if (nodes[i - 1].phase() != Phase::kBatch)
+        throw ConfigError(n.name, "'" + n.name +
+                                      "' after batch must follow it directly (it cuts each "
+                                      "global batch into world slices)");
+      continue;
+    }
     if (ph < last) {
       std::string why = ph == Phase::kSpine
                             ? "must come before any map, filter or pack and before batch"
@@ -154,6 +172,24 @@ Pipeline Pipeline::Builder::build() const {
     copies += n.def == &device_copy_node();
   }
   if (batches != 1) throw ConfigError("batch", "a pipeline needs exactly one batch node");
+  for (std::size_t i = 1; i < nodes.size(); ++i) {
+    const auto* shard = nodes[i].options_as<ShardOptions>();
+    if (shard == nullptr || !shard->after_batch) continue;
+    const auto& batch = *nodes[i - 1].options_as<BatchOptions>();
+    const std::string& name = nodes[i].name;
+    if (batch.size % *shard->world != 0)
+      throw ConfigError(name + ".world", "'" + name + "' after batch cuts each global batch of " +
+                                             std::to_string(batch.size) +
+                                             " samples into world slices, but world " +
+                                             std::to_string(*shard->world) + " does not divide " +
+                                             std::to_string(batch.size) + " (batch.size)");
+    if (shard->uneven == ShardUneven::kDrop && !batch.drop_last)
+      throw ConfigError(name + ".uneven",
+                        "'" + name +
+                            "' after batch with uneven: drop needs batch.drop_last: true (a "
+                            "short last global batch cannot be cut equally without repeating "
+                            "samples; use uneven: pad to repeat them)");
+  }
   if (copies > 1) throw ConfigError("device_copy", "at most one device_copy");
   if (copies == 1 && nodes.back().def != &device_copy_node())
     throw ConfigError("device_copy", "device_copy must be the last node");

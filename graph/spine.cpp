@@ -35,6 +35,9 @@ class ChainContext final : public BuildContext {
     index_ = index;
     spec_ = &spec;
     spec.def->build(*this, *spec.options);
+    if (spec.phase() == Phase::kBatch) batch_built_ = true;
+    if (const auto* shard = spec.options_as<ShardOptions>(); shard && !shard->after_batch)
+      shard_rank_ = *shard->rank;
   }
 
   const std::string& name() const override { return spec_->name; }
@@ -78,6 +81,13 @@ class ChainContext final : public BuildContext {
   void set_user_collate(UserCollateFn fn) override {
     if (sink_ != nullptr) sink_->user_collate = std::move(fn);
   }
+  void set_batch_slice(BatchSlice slice) override {
+    if (!batch_built_)
+      throw ConfigError(spec_->name, "'" + spec_->name + "' cuts batches: it must follow batch");
+    sink().slice = std::move(slice);
+  }
+  bool after_batch() const override { return batch_built_; }
+  std::optional<std::uint64_t> shard_rank() const override { return shard_rank_; }
   void set_prefetch(std::size_t depth) override { sink().prefetch = depth; }
   void set_device(DeviceCopyOptions options) override { sink().device = std::move(options); }
   std::size_t inputs() const override { return spec_->inputs ? spec_->inputs->size() : 0; }
@@ -99,6 +109,8 @@ class ChainContext final : public BuildContext {
   SinkConfig* sink_;
   std::size_t index_ = 0;
   const NodeSpec* spec_ = nullptr;
+  bool batch_built_ = false;
+  std::optional<std::uint64_t> shard_rank_;
 };
 
 }  // namespace
@@ -120,6 +132,7 @@ Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs) {
   planner->connect(chain_.nodes.back().get());
   chain_.nodes.push_back(std::move(planner));
   planner_->set_epochs(epochs);
+  if (sink_.slice) planner_->set_slice(*sink_.slice);
   planner_->set_store(chain_.store);
   planner_->set_snapshotter([this] { return snapshot(); });
 }

@@ -25,6 +25,7 @@ struct SinkConfig {
   std::vector<BatchStage> batch_stages;
   std::optional<std::size_t> prefetch;
   std::optional<DeviceCopyOptions> device;
+  std::optional<BatchSlice> slice;  ///< the elastic layout's cut (shard after batch)
 };
 
 /// The stateful spine of one running pipeline. Not thread-safe.

@@ -36,6 +36,27 @@ void SkipRanges::add(std::uint64_t first, std::uint64_t last) {
   ranges = std::move(merged);
 }
 
+std::vector<Ref> BatchSlice::cut(std::span<const Ref> refs) const {
+  const std::uint64_t c = refs.size();
+  std::uint64_t begin = 0, count = 0;
+  std::vector<Ref> out;
+  if (c % world == 0 || uneven != ShardUneven::kPad) {
+    // Equal slices, or (allow) near-equal ones: [c·r/w, c·(r+1)/w). `drop` never sees a
+    // short batch that does not divide (the pipeline refuses it without drop_last).
+    begin = static_cast<std::uint64_t>(static_cast<Uint128>(c) * rank / world);
+    count = static_cast<std::uint64_t>(static_cast<Uint128>(c) * (rank + 1) / world) - begin;
+    out.assign(refs.begin() + static_cast<std::ptrdiff_t>(begin),
+               refs.begin() + static_cast<std::ptrdiff_t>(begin + count));
+    return out;
+  }
+  // pad: the batch continues with its own first samples up to a multiple of world.
+  const std::uint64_t m = c / world + 1;
+  out.reserve(m);
+  for (std::uint64_t j = rank * m; j < (rank + 1) * m; ++j)
+    out.push_back(j < c ? refs[j] : refs[(j - c) % c].as_pad());
+  return out;
+}
+
 // ---- planner ----
 
 BatchPlanner::BatchPlanner(std::string name, BatchOptions options)
@@ -123,9 +144,31 @@ std::optional<BatchPlan> BatchPlanner::next_sized() {
     info.is_last_in_epoch = is_last_delivered(state_.epoch, index, step);
     info.num_samples = static_cast<std::uint32_t>(count);
     info.remainder = count < options_.size ? static_cast<std::uint32_t>(count) : 0;
+    finish(info);
     if (snapshot_) plan.stamp = snapshot_();
     return plan;
   }
+}
+
+void BatchPlanner::finish(BatchInfo& info) const {
+  if (slice_) {
+    const bool short_batch = info.refs.size() < options_.size;
+    std::vector<Ref> mine = slice_->cut(info.refs);
+    // The records only other ranks read: a store that holds values for Refs in flight drops
+    // them now; the assembler releases this rank's.
+    std::vector<Ref> kept;
+    for (const Ref& r : mine) kept.push_back(r.record());
+    std::sort(kept.begin(), kept.end());
+    std::vector<Ref> others;
+    for (const Ref& r : info.refs)
+      if (!std::binary_search(kept.begin(), kept.end(), r)) others.push_back(r);
+    release(others);
+    info.refs = std::move(mine);
+    info.num_samples = static_cast<std::uint32_t>(info.refs.size());
+    info.remainder = short_batch ? info.num_samples : 0;
+  }
+  info.padding = static_cast<std::uint32_t>(
+      std::count_if(info.refs.begin(), info.refs.end(), [](const Ref& r) { return r.is_pad(); }));
 }
 
 void BatchPlanner::look_ahead() {
@@ -171,6 +214,7 @@ std::optional<BatchPlan> BatchPlanner::next_unsized() {
   if (info.is_last_in_epoch) info.batches_in_epoch = state_.index_in_epoch;
   info.num_samples = count;
   info.remainder = count < options_.size ? count : 0;
+  finish(info);
   return plan;
 }
 
@@ -188,12 +232,12 @@ BatchAssembler::BatchAssembler(const RecordStore* store, std::string store_name,
 
 void MappedReader::read(const Ref& ref, std::uint64_t epoch, Sample& sample) const {
   try {
-    store_->read(ref, sample);
+    store_->read(ref.record(), sample);
   } catch (...) {
     rethrow_with_node(std::current_exception(), store_name_);
   }
   for (const auto& stage : stages_) {
-    MapContext ctx{epoch, ElementRng(stage.key, element_stream(epoch, ref))};
+    MapContext ctx{epoch, ElementRng(stage.key, element_stream(epoch, ref.record()))};
     try {
       stage.fn(sample, ctx);
     } catch (...) {
@@ -202,6 +246,24 @@ void MappedReader::read(const Ref& ref, std::uint64_t epoch, Sample& sample) con
   }
 }
 
+namespace {
+
+/// Releases every record of `refs` once: a padding sample repeats a record that may also be
+/// in the batch itself.
+void release_records(const RecordStore* store, std::span<const Ref> refs) {
+  if (std::none_of(refs.begin(), refs.end(), [](const Ref& r) { return r.is_pad(); })) {
+    store->release(refs);
+    return;
+  }
+  std::vector<Ref> records;
+  for (const Ref& r : refs) records.push_back(r.record());
+  std::sort(records.begin(), records.end());
+  records.erase(std::unique(records.begin(), records.end()), records.end());
+  store->release(records);
+}
+
+}  // namespace
+
 Batch BatchAssembler::assemble(BatchPlan plan) const {
   Batch batch;
   try {
@@ -209,11 +271,11 @@ Batch BatchAssembler::assemble(BatchPlan plan) const {
   } catch (...) {
     // The Refs go back to the store whatever happens (it may hold their values); they are
     // in the plan or, once collated, in the batch.
-    store_->release(plan.info.refs);
-    store_->release(batch.info.refs);
+    release_records(store_, plan.info.refs);
+    release_records(store_, batch.info.refs);
     throw;
   }
-  store_->release(batch.info.refs);
+  release_records(store_, batch.info.refs);
   return batch;
 }
 
@@ -256,7 +318,7 @@ Batch BatchAssembler::gather(BatchPlan& plan) const {
   constexpr std::size_t kAhead = 4;
   constexpr std::size_t kLine = 64;
   auto prefetch = [&](std::size_t i) {
-    const std::byte* p = store_->record(refs[i]).data();
+    const std::byte* p = store_->record(refs[i].record()).data();
     // Large records stream sequentially; the hardware prefetcher takes it from there.
     for (std::size_t off = 0; off < std::min<std::size_t>(rb, 4096); off += kLine)
       __builtin_prefetch(p + off);
@@ -264,7 +326,7 @@ Batch BatchAssembler::gather(BatchPlan& plan) const {
   for (std::size_t i = 0; i < std::min(kAhead, refs.size()); ++i) prefetch(i);
   for (std::size_t i = 0; i < refs.size(); ++i) {
     if (i + kAhead < refs.size()) prefetch(i + kAhead);
-    std::memcpy(dst + i * rb, store_->record(refs[i]).data(), rb);
+    std::memcpy(dst + i * rb, store_->record(refs[i].record()).data(), rb);
   }
   Batch batch;
   batch.fields.set(store_->record_field(), Tensor(std::move(buffer), 0, DType::kUInt8,

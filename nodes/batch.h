@@ -39,6 +39,26 @@ struct EnumNames<CollateMode> {
 /// "stack", "pad", "ragged".
 std::string_view collate_mode_name(CollateMode mode);
 
+/// What `shard` does when the data does not divide by world.
+enum class ShardUneven : std::uint8_t { kPad, kDrop, kAllow };
+template <>
+struct EnumNames<ShardUneven> {
+  static constexpr std::array<std::pair<ShardUneven, const char*>, 3> values{
+      {{ShardUneven::kPad, "pad"}, {ShardUneven::kDrop, "drop"}, {ShardUneven::kAllow, "allow"}}};
+};
+
+/// How the elastic layout cuts a global batch: rank `rank` of `world` takes a contiguous slice.
+struct BatchSlice {
+  std::uint64_t rank = 0;
+  std::uint64_t world = 1;
+  ShardUneven uneven = ShardUneven::kPad;
+  std::string node;  ///< the shard node's name, for errors
+  /// Rank's share of a global batch `refs` (a full one, or the epoch's short last one):
+  /// size / world contiguous samples. A short batch that does not divide by world is padded
+  /// with its own first samples (pad, marked) or split into near-equal slices (allow).
+  std::vector<Ref> cut(std::span<const Ref> refs) const;
+};
+
 /// Collates the samples' user values (Sample::user) into Batch::user — installed by
 /// from_range() through Collate<T>. Runs on the parallel workers.
 using UserCollateFn = std::function<void(std::vector<Sample>& samples, Batch& batch)>;
@@ -128,6 +148,8 @@ class BatchPlanner final : public StatefulSpineNode<BatchState> {
   /// How a plan gets its stamp: the state of the whole spine at the moment it is called.
   /// The planner calls it right after a batch is scheduled and before it looks ahead.
   void set_snapshotter(std::function<Stamp()> snapshot) { snapshot_ = std::move(snapshot); }
+  /// The elastic layout (shard after batch): every planned batch is cut to this rank's slice.
+  void set_slice(BatchSlice slice) { slice_ = std::move(slice); }
   /// Where Refs the planner drops (skipped steps, a dropped short batch) are released.
   void set_store(const RecordStore* store) { store_ = store; }
   const BatchOptions& options() const { return options_; }
@@ -159,7 +181,11 @@ class BatchPlanner final : public StatefulSpineNode<BatchState> {
   std::uint64_t batch_samples(std::uint64_t epoch, std::uint64_t index) const;
   bool is_last_delivered(std::uint64_t epoch, std::uint64_t index, std::uint64_t step) const;
 
+  /// Cuts a planned global batch to this rank's slice (elastic layout), counting padding.
+  void finish(BatchInfo& info) const;
+
   BatchOptions options_;
+  std::optional<BatchSlice> slice_;
   std::uint64_t epochs_ = 1;
   SkipRanges skips_;
   std::function<Stamp()> snapshot_;

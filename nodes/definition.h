@@ -117,6 +117,13 @@ class BuildContext {
   virtual void set_batch(BatchOptions options) = 0;
   /// How a source's user values are collated when the batch node names no collate.
   virtual void set_user_collate(UserCollateFn fn) = 0;
+  /// The elastic layout: a shard after batch cuts every global batch to this rank's slice.
+  virtual void set_batch_slice(BatchSlice slice) = 0;
+  /// True once the batch node has been built (a node after it sees the global batches).
+  virtual bool after_batch() const = 0;
+  /// The rank of a shard before this node (the per-rank layout), else nullopt: a shuffle
+  /// after it is keyed by it, so that ranks shuffle independently.
+  virtual std::optional<std::uint64_t> shard_rank() const = 0;
   virtual void set_prefetch(std::size_t depth) = 0;
   virtual void set_device(DeviceCopyOptions options) = 0;
   /// Number of input pipelines of this node (a mix's inputs).
@@ -168,6 +175,8 @@ struct NodeDef {
   std::function<std::optional<int>(const std::any&)> workers;
   /// Decodes the node's saved state; null for a node that keeps none.
   InspectFn inspect;
+  /// Warnings about the options, said once when the pipeline is built; null: none.
+  std::function<std::vector<std::string>(const std::any&)> warnings;
 };
 
 /// What define_node needs besides the options and the build function.
@@ -217,6 +226,9 @@ NodeDef define_node(NodeInfo info, std::function<void(BuildContext&, const O&)> 
     d.workers = [](const std::any& a) -> std::optional<int> {
       return std::any_cast<const O&>(a).workers;
     };
+  }
+  if constexpr (requires(const O& o) { std::vector<std::string>(o.warnings()); }) {
+    d.warnings = [](const std::any& a) { return std::any_cast<const O&>(a).warnings(); };
   }
   d.inspect = std::move(inspect);
   return d;

@@ -32,15 +32,16 @@ namespace flowstate {
 
 /// Options of the `device_copy` node.
 struct DeviceCopyOptions {
-  /// "auto" (the first CUDA device, else host), "cpu", or "cuda:N". Free: the bytes a batch
-  /// holds are the same wherever they live.
+  /// "auto" (cuda:LOCAL_RANK — the launcher's local rank, 0 without one — else host), "cpu",
+  /// or "cuda:N". Free: the bytes a batch holds are the same wherever they live.
   std::string device = "auto";
 
   static constexpr auto table() {
-    return std::tuple{param("device", &DeviceCopyOptions::device,
-                            {.free = true,
-                             .doc = "auto (the first CUDA device, else host), cpu, or cuda:N",
-                             .check = check_device})};
+    return std::tuple{
+        param("device", &DeviceCopyOptions::device,
+              {.free = true,
+               .doc = "auto (cuda:LOCAL_RANK, 0 without a launcher, else host), cpu, or cuda:N",
+               .check = check_device})};
   }
   /// The check of `device`: auto, cpu or cuda:N.
   static std::string check_device(const ParamValue& value);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "flowstate/core/error.h"
+#include "flowstate/core/launcher.h"
 
 namespace flowstate {
 namespace {
@@ -107,7 +108,19 @@ std::optional<int> cuda_index(std::string_view s) {
 /// The target of `device`, or throws ConfigError.
 Device resolve(const std::string& device) {
   if (device == "cpu") return Device{};
-  if (device == "auto") return cuda_device_count() > 0 ? Device{MemoryKind::kDevice, 0} : Device{};
+  if (device == "auto") {
+    const int count = cuda_device_count();
+    if (count == 0) return Device{};
+    // One device per rank on a node: the launcher's local rank picks it.
+    const LaunchEnv env = launch_env(std::string(kKey));
+    const std::uint64_t local = env.local_rank.value_or(0);
+    if (local >= static_cast<std::uint64_t>(count))
+      throw ConfigError(kKey, "device auto picks cuda:" + std::to_string(local) +
+                                  " for local rank " + std::to_string(local) + ", but there are " +
+                                  std::to_string(count) +
+                                  " CUDA devices; start fewer ranks per node or name the device");
+    return Device{MemoryKind::kDevice, static_cast<int>(local)};
+  }
   std::optional<int> index = cuda_index(device);
   if (!index) throw ConfigError(kKey, "unknown device '" + device + "' (known: auto, cpu, cuda:N)");
   const Probe& p = probe();

@@ -64,7 +64,8 @@ std::size_t FilterNode::pull(std::span<Ref> out) {
       } catch (...) {
         rethrow_with_node(std::current_exception(), name());
       }
-      MapContext ctx{state_.epoch, ElementRng(key_, element_stream(state_.epoch, chunk_[i]))};
+      MapContext ctx{state_.epoch,
+                     ElementRng(key_, element_stream(state_.epoch, chunk_[i].record()))};
       try {
         keep_[i] = fn_(s, ctx) ? 1 : 0;
       } catch (...) {

@@ -1,31 +1,10 @@
 #include "flowstate/nodes/shard.h"
 
-#include <charconv>
-#include <cstdlib>
-#include <cstring>
-
 #include "flowstate/core/error.h"
+#include "flowstate/core/launcher.h"
 #include "flowstate/core/rng.h"
 
 namespace flowstate {
-namespace {
-
-std::optional<std::uint64_t> env_uint(std::initializer_list<const char*> names) {
-  for (const char* n : names) {
-    const char* v = std::getenv(n);
-    if (v == nullptr || *v == '\0') continue;
-    std::uint64_t x = 0;
-    auto [p, ec] = std::from_chars(v, v + std::strlen(v), x);
-    if (ec != std::errc() || *p != '\0')
-      throw ConfigError(
-          std::string("shard (environment ") + n + ")",
-          std::string("environment variable ") + n + "='" + v + "' is not a non-negative integer");
-    return x;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
 
 ShardMode parse_shard_mode(std::string_view s) {
   return parse_enum<ShardMode>(s, "shard.mode", "shard mode");
@@ -35,9 +14,15 @@ const NodeDef& shard_node() {
   static const NodeDef def = define_node<ShardOptions>(
       {.type = "shard",
        .phase = Phase::kSpine,
-       .doc = "splits the records across ranks; every record goes to exactly one rank per epoch"},
+       .doc = "splits the records (before batch) or each global batch (after batch) across "
+              "ranks; every record goes to one rank per epoch"},
       [](BuildContext& ctx, const ShardOptions& o) {
-        ctx.add(std::make_unique<ShardNode>(ctx.name(), o));
+        if (o.after_batch) {
+          ctx.set_batch_slice(
+              {.rank = *o.rank, .world = *o.world, .uneven = o.uneven, .node = ctx.name()});
+        } else {
+          ctx.add(std::make_unique<ShardNode>(ctx.name(), o));
+        }
       },
       inspect_fields<CursorState>);
   return def;
@@ -45,9 +30,11 @@ const NodeDef& shard_node() {
 
 ShardOptions ShardOptions::resolved() const {
   ShardOptions r = *this;
-  if (!r.rank) r.rank = env_uint({"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}).value_or(0);
-  if (!r.world)
-    r.world = env_uint({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}).value_or(1);
+  if (!r.rank || !r.world) {
+    const LaunchEnv env = launch_env("shard");
+    if (!r.rank) r.rank = env.rank.value_or(0);
+    if (!r.world) r.world = env.world.value_or(1);
+  }
   if (*r.world == 0) throw ConfigError("shard.world", "world must be greater than zero");
   if (*r.rank >= *r.world)
     throw ConfigError("shard.rank", "rank " + std::to_string(*r.rank) +
@@ -55,11 +42,47 @@ ShardOptions ShardOptions::resolved() const {
   return r;
 }
 
+NodeDescription ShardOptions::describe() const {
+  NodeDescription d{"shard", describe_fields(*this)};
+  // The elastic layout's state is the global stream's: any rank of any world may resume it.
+  if (after_batch)
+    for (auto& p : d.params)
+      if (p.key == "rank" || p.key == "world") p.free = true;
+  return d;
+}
+
+std::vector<std::string> ShardOptions::warnings() const {
+  if (after_batch || uneven != ShardUneven::kAllow) return {};
+  return {
+      "uneven: allow lets ranks take different numbers of steps when the records do not "
+      "divide by world; a data-parallel job then waits forever in its next collective "
+      "(use pad or drop)"};
+}
+
+std::uint64_t shard_size(std::uint64_t n, std::uint64_t rank, std::uint64_t world, ShardMode mode,
+                         ShardUneven uneven) {
+  switch (uneven) {
+    case ShardUneven::kPad:
+      return n / world + (n % world != 0 ? 1 : 0);
+    case ShardUneven::kDrop:
+      return n / world;
+    case ShardUneven::kAllow:
+      break;
+  }
+  if (mode == ShardMode::kInterleave) return n > rank ? (n - rank + world - 1) / world : 0;
+  // contiguous: [n·r/w, n·(r+1)/w), computed without overflow.
+  auto bound = [&](std::uint64_t r) {
+    return static_cast<std::uint64_t>(static_cast<Uint128>(n) * r / world);
+  };
+  return bound(rank + 1) - bound(rank);
+}
+
 ShardNode::ShardNode(std::string name, ShardOptions options) : StatefulSpineNode(std::move(name)) {
   ShardOptions r = options.resolved();
   rank_ = *r.rank;
   world_ = *r.world;
   mode_ = r.mode;
+  uneven_ = r.uneven;
 }
 
 void ShardNode::connect(SpineNode* upstream) {
@@ -68,20 +91,22 @@ void ShardNode::connect(SpineNode* upstream) {
 }
 
 std::uint64_t ShardNode::size(std::uint64_t epoch) const {
-  std::uint64_t n = upstream_->size(epoch);
-  if (mode_ == ShardMode::kInterleave) return n > rank_ ? (n - rank_ + world_ - 1) / world_ : 0;
-  // contiguous: [n·r/w, n·(r+1)/w), computed without overflow.
-  auto bound = [&](std::uint64_t r) {
-    return static_cast<std::uint64_t>(static_cast<Uint128>(n) * r / world_);
-  };
-  return bound(rank_ + 1) - bound(rank_);
+  return shard_size(upstream_->size(epoch), rank_, world_, mode_, uneven_);
 }
 
 Ref ShardNode::at(std::uint64_t epoch, std::uint64_t i) const {
-  if (mode_ == ShardMode::kInterleave) return upstream_->at(epoch, rank_ + i * world_);
-  std::uint64_t n = upstream_->size(epoch);
-  auto begin = static_cast<std::uint64_t>(static_cast<Uint128>(n) * rank_ / world_);
-  return upstream_->at(epoch, begin + i);
+  const std::uint64_t n = upstream_->size(epoch);
+  if (uneven_ == ShardUneven::kAllow && mode_ == ShardMode::kContiguous) {
+    auto begin = static_cast<std::uint64_t>(static_cast<Uint128>(n) * rank_ / world_);
+    return upstream_->at(epoch, begin + i);
+  }
+  // Position j of the epoch's order, extended past its end (pad) by the order's start again:
+  // what DistributedSampler and accelerate's even_batches do.
+  const std::uint64_t per_rank = shard_size(n, rank_, world_, mode_, uneven_);
+  const std::uint64_t j =
+      mode_ == ShardMode::kInterleave ? rank_ + i * world_ : rank_ * per_rank + i;
+  if (j < n) return upstream_->at(epoch, j);
+  return upstream_->at(epoch, (j - n) % n).as_pad();
 }
 
 std::size_t ShardNode::pull(std::span<Ref> out) {

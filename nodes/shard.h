@@ -1,7 +1,16 @@
-// `shard`: splits a source across ranks (DESIGN.md §7). Every record goes to exactly one rank
-// per epoch. `interleave` gives rank r the positions r, r+world, r+2·world, ...; `contiguous`
-// gives it the r-th of `world` near-equal ranges. Ranks may differ by one record when the
-// count does not divide evenly.
+// `shard`: splits the data across ranks (DESIGN.md §7), in one of two layouts.
+//
+// Per rank (shard before batch): every rank draws its own records from the source.
+// `interleave` gives rank r the positions r, r+world, r+2·world, ...; `contiguous` gives it the
+// r-th of `world` equal ranges. `uneven` decides what happens when the count does not divide
+// by world: `pad` (default) repeats records from the start of the epoch's order so that every
+// rank takes the same number of steps (the repeats are marked, Ref::is_pad), `drop` leaves out
+// the epoch's last records, `allow` lets ranks differ by one record (and so, maybe, by a step).
+// A shuffle after it is keyed by the rank, so ranks shuffle independently.
+//
+// Elastic (shard after batch): the pipeline makes one global stream of batches of `size`, the
+// same on every rank, and rank r takes the r-th of `world` contiguous slices of each. The state
+// then does not depend on rank or world (both are free): a checkpoint of 4 ranks resumes on 2.
 #pragma once
 
 #include <optional>
@@ -21,15 +30,24 @@ struct EnumNames<ShardMode> {
 
 /// Options of the `shard` node.
 struct ShardOptions {
-  /// This process's rank; default: RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID, else 0.
+  /// This process's rank; default: the launcher's (core/launcher.h), else 0.
   std::optional<std::uint64_t> rank;
-  /// Number of ranks; default: WORLD_SIZE, OMPI_COMM_WORLD_SIZE or SLURM_NTASKS, else 1.
+  /// Number of ranks; default: the launcher's (core/launcher.h), else 1.
   std::optional<std::uint64_t> world;
   ShardMode mode = ShardMode::kInterleave;  ///< interleave or contiguous
+  ShardUneven uneven = ShardUneven::kPad;   ///< pad, drop or allow
+  /// Not a parameter: set by the builder when the node follows `batch` (the elastic layout),
+  /// which makes rank and world free.
+  bool after_batch = false;
+
   /// Fills rank and world from the launcher's environment where unset; validates.
   ShardOptions resolved() const;
   /// Checks rank < world, reading the launcher's environment for what is unset.
   void validate() const { (void)resolved(); }
+  /// The table's description, with rank and world free in the elastic layout.
+  NodeDescription describe() const;
+  /// `uneven: allow` in the per-rank layout: ranks may take different numbers of steps.
+  std::vector<std::string> warnings() const;
 
   static constexpr auto table() {
     using O = ShardOptions;
@@ -37,15 +55,19 @@ struct ShardOptions {
         param("rank", &O::rank,
               {.min = 0,
                .doc = "this process's rank, < world",
-               .default_doc = "RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID, else 0",
+               .default_doc = "RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID, else 0",
                .text = [](const O& o) { return std::to_string(*o.resolved().rank); }}),
         param("world", &O::world,
               {.min = 1,
                .doc = "number of ranks",
-               .default_doc = "WORLD_SIZE, OMPI_COMM_WORLD_SIZE or SLURM_NTASKS, else 1",
+               .default_doc = "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_NTASKS, else 1",
                .text = [](const O& o) { return std::to_string(*o.resolved().world); }}),
         param("mode", &O::mode,
               {.doc = "interleave (rank r gets r, r+world, ...) or contiguous (the r-th range)"}),
+        param("uneven", &O::uneven,
+              {.doc = "when the records (or a short last global batch) do not divide by world: "
+                      "pad (repeat records, marked :pad, so every rank takes the same steps), "
+                      "drop (leave the remainder out) or allow (ranks may differ by a step)"}),
     };
   }
 };
@@ -55,9 +77,14 @@ const NodeDef& shard_node();
 
 ShardMode parse_shard_mode(std::string_view s);
 
+/// The records one rank takes per epoch out of `n` (the per-rank layout).
+std::uint64_t shard_size(std::uint64_t n, std::uint64_t rank, std::uint64_t world, ShardMode mode,
+                         ShardUneven uneven);
+
 /// The `shard` node. Needs a random-access upstream (a source).
 class ShardNode final : public StatefulSpineNode<CursorState> {
  public:
+  /// `options` resolved (rank and world set).
   ShardNode(std::string name, ShardOptions options);
   void connect(SpineNode* upstream) override;
 
@@ -74,6 +101,7 @@ class ShardNode final : public StatefulSpineNode<CursorState> {
   std::uint64_t rank_;
   std::uint64_t world_;
   ShardMode mode_;
+  ShardUneven uneven_;
 };
 
 }  // namespace flowstate

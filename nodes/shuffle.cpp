@@ -46,7 +46,10 @@ const NodeDef& shuffle_node() {
        .phase = Phase::kSpine,
        .doc = "reorders the records, differently every epoch"},
       [](BuildContext& ctx, const ShuffleOptions& o) {
-        const std::uint64_t key = hash_combine(ctx.key(), o.seed);
+        std::uint64_t key = hash_combine(ctx.key(), o.seed);
+        // After a per-rank shard every rank shuffles its own records with a key of its own:
+        // with one key, rank r's order would be rank 0's shifted by r at almost every position.
+        if (auto rank = ctx.shard_rank()) key = hash_combine(key, hash_combine(0x72616e6b, *rank));
         if (o.mode == ShuffleMode::kGlobal)
           ctx.add(std::make_unique<GlobalShuffleNode>(ctx.name(), key));
         else

@@ -8,7 +8,8 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git
       libtbb-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev
       libxxhash-dev libsimdjson-dev libdlpack-dev libgtest-dev libgmock-dev libbenchmark-dev
-      clang libclang-rt-14-dev libfuzzer-14-dev clang-format)
+      clang libclang-rt-14-dev libfuzzer-14-dev clang-format
+      openmpi-bin libopenmpi-dev)
 if [[ "${FLOWSTATE_DEPS_BENCH:-0}" == 1 ]]; then
   pkgs+=(libtorch-dev python3-torch python3-numpy)
 fi

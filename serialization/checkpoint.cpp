@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -36,7 +37,8 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::ordered_json;
 
-constexpr std::uint64_t kFormatVersion = 1;
+/// Version 1: one process's state.bin. Version 2: a checkpoint of many ranks (rank-K.bin).
+constexpr std::uint64_t kFormatVersion = 2;
 constexpr std::string_view kFormatName = "flowstate-checkpoint";
 constexpr std::string_view kStateFile = "state.bin";
 constexpr std::string_view kManifestFile = "MANIFEST.json";
@@ -120,9 +122,16 @@ struct ManifestEntry {
 
 struct Manifest {
   std::uint64_t step = 0;
-  std::uint64_t fingerprint = 0;
+  std::uint64_t fingerprint = 0;  ///< version 1 only: each part of version 2 holds its own
+  std::uint64_t world = 0;        ///< version 2: the ranks that wrote it; 0 for version 1
   std::vector<ManifestEntry> files;
 };
+
+std::string part_name(std::uint64_t rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05llu.bin", static_cast<unsigned long long>(rank));
+  return buf;
+}
 
 std::string encode_manifest(const Manifest& m) {
   Json files = Json::array();
@@ -130,9 +139,13 @@ std::string encode_manifest(const Manifest& m) {
     files.push_back(Json{{"name", f.name}, {"size", f.size}, {"xxh3_64", hex64(f.checksum)}});
   Json j;
   j["format"] = kFormatName;
-  j["format_version"] = kFormatVersion;
+  // A single process's checkpoint keeps version 1, which older builds read.
+  j["format_version"] = m.world == 0 ? 1 : 2;
   j["step"] = m.step;
-  j["fingerprint"] = hex64(m.fingerprint);
+  if (m.world == 0)
+    j["fingerprint"] = hex64(m.fingerprint);
+  else
+    j["world"] = m.world;
   j["files"] = std::move(files);
   j["writer"] = std::string("flowstate ") + version();  // for people; never read back
   return j.dump(2) + "\n";
@@ -194,8 +207,12 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
                                     std::to_string(kFormatVersion) + "; upgrade flowstate");
   if (v == 0) throw invalid("checkpoint format version 0 does not exist");
   // "writer" (the flowstate that wrote it) is informational; manifests before it lack it.
-  require_keys(j, {"format", "format_version", "step", "fingerprint", "files"}, "it ", invalid,
-               {"writer"});
+  if (v == 1)
+    require_keys(j, {"format", "format_version", "step", "fingerprint", "files"}, "it ", invalid,
+                 {"writer"});
+  else
+    require_keys(j, {"format", "format_version", "step", "world", "files"}, "it ", invalid,
+                 {"writer"});
   if (j.contains("writer") && !is_writer(j["writer"]))
     throw invalid("'writer' is not \"flowstate MAJOR.MINOR.PATCH\"");
   if (!j["format"].is_string() || j["format"].get<std::string>() != kFormatName)
@@ -203,11 +220,17 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
   Manifest m;
   if (!j["step"].is_number_unsigned()) throw invalid("'step' is not an unsigned integer");
   m.step = j["step"].get<std::uint64_t>();
-  const Json& fp = j["fingerprint"];
-  std::optional<std::uint64_t> fingerprint;
-  if (fp.is_string()) fingerprint = parse_hex64(fp.get<std::string>());
-  if (!fingerprint) throw invalid("'fingerprint' is not 16 lowercase hex digits");
-  m.fingerprint = *fingerprint;
+  if (v == 1) {
+    const Json& fp = j["fingerprint"];
+    std::optional<std::uint64_t> fingerprint;
+    if (fp.is_string()) fingerprint = parse_hex64(fp.get<std::string>());
+    if (!fingerprint) throw invalid("'fingerprint' is not 16 lowercase hex digits");
+    m.fingerprint = *fingerprint;
+  } else {
+    if (!j["world"].is_number_unsigned() || j["world"].get<std::uint64_t>() == 0)
+      throw invalid("'world' is not a positive integer");
+    m.world = j["world"].get<std::uint64_t>();
+  }
   const Json& files = j["files"];
   if (!files.is_array() || files.empty()) throw invalid("'files' is not a non-empty array");
   std::set<std::string> seen;
@@ -233,8 +256,17 @@ Manifest parse_manifest(const std::string& text, const std::string& path) {
     e.checksum = *sum;
     m.files.push_back(std::move(e));
   }
-  if (!seen.count(std::string(kStateFile)))
+  if (m.world == 0 && !seen.count(std::string(kStateFile)))
     throw invalid("it does not list " + std::string(kStateFile));
+  if (m.world != 0) {
+    // Exactly one part per rank, in rank order.
+    if (m.files.size() != m.world)
+      throw invalid("it lists " + std::to_string(m.files.size()) + " files for world " +
+                    std::to_string(m.world));
+    for (std::uint64_t r = 0; r < m.world; ++r)
+      if (m.files[r].name != part_name(r))
+        throw invalid("files[" + std::to_string(r) + "] is not " + part_name(r));
+  }
   return m;
 }
 
@@ -254,6 +286,20 @@ class OpenDir {
   ~OpenDir() { ::close(fd_); }
   OpenDir(const OpenDir&) = delete;
   OpenDir& operator=(const OpenDir&) = delete;
+
+  /// Checks that file `name` is a regular file of `expected` bytes, without reading it.
+  void read_size(std::string_view name, std::uint64_t expected) const {
+    const std::string path = join(path_, name);
+    struct stat st {};
+    if (::fstatat(fd_, std::string(name).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) throw CheckpointError(path, quote(path) + " is missing");
+      throw CheckpointError(path, "cannot stat " + quote(path) + ": " + std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) throw CheckpointError(path, quote(path) + " is not a regular file");
+    if (static_cast<std::uint64_t>(st.st_size) != expected)
+      throw CheckpointError(path, quote(path) + " has " + std::to_string(st.st_size) +
+                                      " bytes, the manifest lists " + std::to_string(expected));
+  }
 
   /// Reads file `name`. With `expected` set, its size must be exactly that; otherwise at most
   /// `max_bytes`.
@@ -465,7 +511,7 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
     write_file_durably(join(tmp, kStateFile), state);  // fsync 1
     phase("state-written");
     Manifest manifest{
-        step, decoded.fingerprint, {{std::string(kStateFile), state.size(), hash64(state)}}};
+        step, decoded.fingerprint, 0, {{std::string(kStateFile), state.size(), hash64(state)}}};
     write_file_durably(join(tmp, kManifestFile), encode_manifest(manifest));  // fsync 2
     phase("manifest-written");
     if (exists(final_dir)) {
@@ -508,7 +554,7 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
   return final_dir;
 }
 
-CheckpointFound read_checkpoint(const std::string& checkpoint_dir) {
+CheckpointFound read_checkpoint(const std::string& checkpoint_dir, std::uint64_t rank) {
   fs::path p(checkpoint_dir);
   if (!p.has_filename()) p = p.parent_path();  // "…/step-N/"
   const std::string dir = p.string();
@@ -529,19 +575,28 @@ CheckpointFound read_checkpoint(const std::string& checkpoint_dir) {
   CheckpointFound found;
   found.path = dir;
   found.step = m.step;
+  found.world = std::max<std::uint64_t>(m.world, 1);
+  // Of many ranks' parts this rank reads its own (rank 0's when the checkpoint had fewer
+  // ranks); the others must be there, with their sizes: one commit holds them all.
+  const std::string mine =
+      m.world == 0 ? std::string(kStateFile) : part_name(rank < m.world ? rank : 0);
   for (const auto& f : m.files) {
     const std::string path = join(dir, f.name);
+    if (f.name != mine) {
+      d.read_size(f.name, f.size);
+      continue;
+    }
     std::string bytes = d.read(f.name, f.size, 0, "");
     const std::uint64_t sum = hash64(bytes);
     if (sum != f.checksum)
       throw CheckpointError(path, quote(path) + " is corrupt: its XXH3-64 checksum is " +
                                       hex64(sum) + ", the manifest lists " + hex64(f.checksum));
-    if (f.name == kStateFile) found.state = std::move(bytes);
+    found.state = std::move(bytes);
   }
   // The bytes are what was written; decoding also catches a state this build cannot read.
-  const std::string state_path = join(dir, kStateFile);
+  const std::string state_path = join(dir, mine);
   const PipelineState s = PipelineState::decode(found.state, state_path);
-  if (s.fingerprint != m.fingerprint)
+  if (m.world == 0 && s.fingerprint != m.fingerprint)
     throw CheckpointError(manifest_path, quote(manifest_path) + " lists fingerprint " +
                                              hex64(m.fingerprint) + ", but " + quote(state_path) +
                                              " holds " + hex64(s.fingerprint));
@@ -646,6 +701,238 @@ void remove_checkpoints(const std::string& dir) {
   remove_tree(join(dir, kLatestFile));
   remove_tree(join(dir, std::string(kLatestFile) + std::string(kTmpSuffix)));
   fsync_directory(dir);
+}
+
+}  // namespace flowstate
+
+// ---- many ranks ----
+
+namespace flowstate {
+
+void agree(Coordinator& coordinator, const std::optional<std::string>& error,
+           const std::string& where) {
+  // "1<message>" from a rank that failed, "0" from one that did not.
+  const std::vector<std::string> all = coordinator.all_gather(error ? "1" + *error : "0");
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty() && all[r][0] == '1')
+      throw CheckpointError(where, "rank " + std::to_string(r) + ": " + all[r].substr(1));
+}
+
+namespace {
+
+/// Runs `fn` and returns its error's message instead of throwing it.
+template <class Fn>
+std::optional<std::string> outcome(Fn&& fn) {
+  try {
+    fn();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+}
+
+}  // namespace
+
+std::string write_group_checkpoint(const std::string& dir, std::uint64_t step,
+                                   std::string_view state, Coordinator& coordinator,
+                                   const CheckpointWriteOptions& options) {
+  const std::uint64_t rank = coordinator.rank(), world = coordinator.world();
+  auto phase = [&](std::string_view name) {
+    if (options.hook) options.hook(name);
+  };
+  const std::string name = step_name(step);
+  const std::string final_dir = join(dir, name);
+  const std::string tmp = final_dir + std::string(kTmpSuffix);
+  const std::string aside = final_dir + std::string(kAsideSuffix);
+  const std::string part = join(tmp, part_name(rank));
+
+  // 1. Rank 0 prepares step-N.tmp under the writers' lock, which it holds until the commit;
+  // every rank checks that its state can be restored, and that all write the same step.
+  std::optional<DirectoryLock> lock;
+  bool created = false;
+  const std::optional<std::string> prepared = outcome([&] {
+    PipelineState::decode(state, "state");
+    if (rank != 0) return;
+    create_directories_durably(dir);
+    lock.emplace(join(dir, kLockFile));
+    clean_up(dir);
+    if (!options.overwrite) refuse_if_behind(dir, step);
+    if (::mkdir(tmp.c_str(), 0755) != 0)
+      throw CheckpointError(tmp,
+                            "cannot create directory " + quote(tmp) + ": " + std::strerror(errno));
+    created = true;
+    phase("tmp-created");
+  });
+  const std::vector<std::string> ready =
+      coordinator.all_gather(prepared ? "1" + *prepared : "0" + std::to_string(step));
+  std::optional<std::string> refused;
+  std::string steps;
+  for (std::size_t r = 0; r < ready.size(); ++r) {
+    if (!refused && ready[r][0] == '1')
+      refused = "rank " + std::to_string(r) + ": " + ready[r].substr(1);
+    steps += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " at step " +
+             ready[r].substr(1);
+  }
+  if (!refused)
+    for (const auto& m : ready)
+      if (m != ready[0])
+        refused = "the ranks checkpoint different steps (" + steps +
+                  "): every rank must take the same number of steps (shard's uneven: pad or drop)";
+  if (refused) {
+    if (created) remove_tree(tmp);
+    throw CheckpointError(final_dir, "checkpoint " + quote(final_dir) + " failed: " + *refused);
+  }
+
+  // 2. Every rank writes and fsyncs its part, and tells rank 0 its size and checksum.
+  std::optional<std::string> error = outcome([&] {
+    std::error_code ec;
+    if (!fs::is_directory(tmp, ec))
+      throw CheckpointError(tmp, "rank " + std::to_string(rank) + " cannot see " + quote(tmp) +
+                                     ", which rank 0 created: the checkpoint directory must be "
+                                     "one directory shared by every rank (not node-local)");
+    write_file_durably(part, state);
+    phase("part-written");
+  });
+  const std::vector<std::string> parts = coordinator.all_gather(
+      error ? "1" + *error : "0" + std::to_string(state.size()) + " " + hex64(hash64(state)));
+
+  // 3. Rank 0 commits: every part visible with its size, the manifest, the rename.
+  error.reset();
+  for (std::size_t r = 0; r < parts.size() && !error; ++r)
+    if (!parts[r].empty() && parts[r][0] == '1')
+      error = "rank " + std::to_string(r) + ": " + parts[r].substr(1);
+  if (rank == 0) {
+    bool renamed = false, moved_aside = false;
+    if (!error) {
+      error = outcome([&] {
+        Manifest manifest{step, 0, world, {}};
+        for (std::uint64_t r = 0; r < world; ++r) {
+          ManifestEntry e{part_name(r), 0, 0};
+          const std::string& msg = parts[r];
+          const auto space = msg.find(' ');
+          e.size = std::stoull(msg.substr(1, space - 1));
+          e.checksum = *parse_hex64(msg.substr(space + 1));
+          const std::string path = join(tmp, e.name);
+          struct stat st {};
+          if (::stat(path.c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != e.size)
+            throw CheckpointError(path, "rank " + std::to_string(r) + "'s part " + quote(path) +
+                                            " is not visible from rank 0 as it was written: the "
+                                            "checkpoint directory must be one directory shared "
+                                            "by every rank (not node-local)");
+          manifest.files.push_back(std::move(e));
+        }
+        write_file_durably(join(tmp, kManifestFile), encode_manifest(manifest));
+        phase("manifest-written");
+        if (exists(final_dir)) {
+          rename_path(final_dir, aside);
+          moved_aside = true;
+          phase("moved-aside");
+        }
+        rename_path(tmp, final_dir);
+        renamed = true;
+        fsync_directory(dir);  // the commit, for every rank at once
+      });
+    }
+    if (error) {
+      // Leave the directory as it was (see write_checkpoint).
+      try {
+        if (renamed) rename_path(final_dir, tmp);
+        if (moved_aside) rename_path(aside, final_dir);
+        remove_tree(tmp);
+        fsync_directory(dir);
+      } catch (const CheckpointError&) {
+      }
+    } else {
+      phase("renamed");
+      try {
+        replace_file_atomically(join(dir, kLatestFile), name + "\n", Durability::kHint);
+      } catch (const CheckpointError&) {
+      }
+      phase("latest-written");
+      if (moved_aside) remove_tree(aside);
+      if (options.keep > 0) prune(dir, step, options.keep);
+    }
+  }
+  // 4. Rank 0 says whether it committed; every rank returns or throws the same.
+  const std::vector<std::string> committed =
+      coordinator.all_gather(rank == 0 ? (error ? "1" + *error : "0") : "");
+  if (committed[0].size() > 0 && committed[0][0] == '1')
+    throw CheckpointError(final_dir,
+                          "checkpoint " + quote(final_dir) + " failed: " + committed[0].substr(1));
+  return final_dir;
+}
+
+std::optional<CheckpointFound> find_group_checkpoint(const std::string& dir,
+                                                     Coordinator& coordinator) {
+  const std::uint64_t rank = coordinator.rank();
+  // Each rank: the steps whose part it verifies, newest first, and whether it sees evidence.
+  std::vector<CheckpointFound> verified;
+  std::vector<std::string> reasons;
+  bool evidence = false;
+  std::optional<std::string> error = outcome([&] {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return;
+    if (auto problem = latest_problem(dir)) reasons.push_back(*problem);
+    for (const auto& c : list_candidates(dir)) {
+      if (!verified.empty() && verified.back().step == c.name.step) continue;  // its .old
+      try {
+        verified.push_back(read_checkpoint(c.path, rank));
+      } catch (const CheckpointError& e) {
+        reasons.push_back(c.path + ": " + e.what());
+      }
+    }
+    evidence = !verified.empty() || !find_checkpoint_evidence(dir).empty();
+  });
+  std::string mine = error ? "1" + *error : std::string(evidence ? "0e" : "0n");
+  for (const auto& f : verified) mine += " " + std::to_string(f.step);
+  const std::vector<std::string> all = coordinator.all_gather(mine);
+
+  std::optional<std::set<std::uint64_t>> common;
+  bool any_evidence = false;
+  std::string summary;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty() || all[r][0] == '1')
+      throw CheckpointError(dir, "rank " + std::to_string(r) + ": " + all[r].substr(1));
+    any_evidence |= all[r][1] == 'e';
+    std::set<std::uint64_t> steps;
+    std::string list;
+    for (std::size_t at = 2; at < all[r].size();) {
+      const std::size_t next = std::min(all[r].find(' ', at + 1), all[r].size());
+      const std::uint64_t s = std::stoull(all[r].substr(at + 1, next - at - 1));
+      steps.insert(s);
+      list += (list.empty() ? "" : ", ") + std::to_string(s);
+      at = next;
+    }
+    summary += "\n  rank " + std::to_string(r) + " verifies " +
+               (list.empty() ? std::string("no step") : "steps " + list);
+    if (!common) {
+      common = std::move(steps);
+    } else {
+      std::set<std::uint64_t> both;
+      std::set_intersection(common->begin(), common->end(), steps.begin(), steps.end(),
+                            std::inserter(both, both.begin()));
+      common = std::move(both);
+    }
+  }
+  if (!common || common->empty()) {
+    if (!any_evidence) return std::nullopt;
+    throw CheckpointError(dir, "no checkpoint under '" + dir +
+                                   "' verifies on every rank (the directory must be one "
+                                   "directory shared by every rank):" +
+                                   summary);
+  }
+  const std::uint64_t step = *common->rbegin();
+  for (auto& f : verified) {
+    if (f.step != step) {
+      if (f.step > step)
+        reasons.push_back(f.path + ": not every rank verifies its part of step " +
+                          std::to_string(f.step));
+      continue;
+    }
+    f.skipped = std::move(reasons);
+    return std::move(f);
+  }
+  throw CheckpointError(dir, "internal: step " + std::to_string(step) + " vanished");
 }
 
 }  // namespace flowstate

@@ -21,6 +21,18 @@
 // are ignored by readers and removed by the next write. Replacing an existing step-N renames
 // the old one to step-N.old (still a valid fallback) before the new one goes in; both renames
 // share the parent's fsync. Writers serialize on an flock of `<dir>/.lock`.
+//
+// A checkpoint of many ranks (write_group_checkpoint) is one step-N holding every rank's part:
+//
+//   <dir>/step-000000000100/rank-00000.bin ... rank-00003.bin   each rank's PipelineState
+//   <dir>/step-000000000100/MANIFEST.json                       format version 2: world and
+//                                                               every part's size and checksum
+//
+// Every rank writes and fsyncs its part into step-N.tmp/; a collective says whether all
+// succeeded; then rank 0 alone writes the manifest and renames step-N.tmp to step-N (the
+// commit, as above). A rank that dies at any moment leaves step-N.tmp debris and the previous
+// step committed. Restoring is collective too (find_group_checkpoint): the ranks agree on the
+// newest step that every one of them can verify.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +41,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "flowstate/core/coordinator.h"
 
 namespace flowstate {
 
@@ -54,7 +68,8 @@ struct CheckpointWriteOptions {
 struct CheckpointFound {
   std::string path;        ///< the step-N directory (step-N.old when a replacement was interrupted)
   std::uint64_t step = 0;  ///< N
-  std::string state;       ///< contents of state.bin (verified)
+  std::string state;       ///< contents of state.bin, or of this rank's part (verified)
+  std::uint64_t world = 1;           ///< ranks that wrote it (1: a single-process checkpoint)
   std::vector<std::string> skipped;  ///< newer checkpoints that failed to verify: "path: reason"
 };
 
@@ -64,10 +79,35 @@ struct CheckpointFound {
 std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::string_view state,
                              const CheckpointWriteOptions& options = {});
 
-/// Reads and verifies one step-N directory (manifest present and well-formed, every file's
-/// size and checksum as listed). Returns the state bytes; throws CheckpointError naming the
-/// file and what is wrong.
-CheckpointFound read_checkpoint(const std::string& checkpoint_dir);
+/// Reads and verifies one step-N directory (manifest present and well-formed, the state's
+/// size and checksum as listed). Returns the state bytes — of a checkpoint of many ranks, the
+/// part of rank `rank`, or rank 0's when it had fewer ranks (the elastic layout's parts are
+/// all alike; any other layout's fingerprint then refuses it) — and throws CheckpointError
+/// naming the file and what is wrong. Every other part must be present with its size.
+CheckpointFound read_checkpoint(const std::string& checkpoint_dir, std::uint64_t rank = 0);
+
+/// Writes this rank's `state` as its part of checkpoint `step` of all of `coordinator`'s ranks
+/// (see the file comment); collective. Returns the committed directory on every rank, or
+/// throws the same CheckpointError on every rank (naming the rank that failed) and commits
+/// nothing. `dir` must be one directory shared by every rank: a part that rank 0 cannot see
+/// is refused. `options` as for write_checkpoint; only rank 0 prunes. `options.hook` also sees
+/// "part-written" (this rank's part fsynced) on every rank.
+std::string write_group_checkpoint(const std::string& dir, std::uint64_t step,
+                                   std::string_view state, Coordinator& coordinator,
+                                   const CheckpointWriteOptions& options = {});
+
+/// The newest checkpoint under `dir` whose part every rank of `coordinator` verifies, with this
+/// rank's part (see read_checkpoint); collective. nullopt on every rank when no rank sees any
+/// evidence of checkpoints; the same CheckpointError on every rank when some do but no step
+/// verifies on all of them. `skipped` lists the newer steps passed over, with reasons.
+std::optional<CheckpointFound> find_group_checkpoint(const std::string& dir,
+                                                     Coordinator& coordinator);
+
+/// Runs every rank's outcome through `coordinator` (collective): returns normally when no
+/// rank's `error` is set, else throws on every rank a CheckpointError on `where` whose message
+/// is the lowest failing rank's, prefixed "rank K: ".
+void agree(Coordinator& coordinator, const std::optional<std::string>& error,
+           const std::string& where);
 
 /// The newest checkpoint under `dir` that verifies: every step-N directory from the highest N
 /// down (LATEST is only a hint and never chooses). Lists the ones skipped and why (and a

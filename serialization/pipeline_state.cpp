@@ -72,6 +72,20 @@ std::uint64_t fingerprint_of(const std::vector<CanonicalParam>& canonical) {
   return h.digest();
 }
 
+namespace {
+
+/// Why a per-rank shard cannot change its world, and what can.
+std::string world_hint(const std::map<std::string, std::string>& params, const std::string& key) {
+  if (!key.ends_with(".world")) return "";
+  auto node = params.find(key.substr(0, key.size() - 6));
+  if (node == params.end() || node->second != "shard") return "";
+  return " (a shard before batch gives each rank its own records, so its checkpoints resume "
+         "only on the same world; for an elastic job place shard after batch, which cuts "
+         "each global batch into world slices and resumes on any world that divides it)";
+}
+
+}  // namespace
+
 std::string describe_mismatch(const std::vector<CanonicalParam>& in_checkpoint,
                               const std::vector<CanonicalParam>& now) {
   std::map<std::string, std::string> a(in_checkpoint.begin(), in_checkpoint.end());
@@ -83,7 +97,7 @@ std::string describe_mismatch(const std::vector<CanonicalParam>& in_checkpoint,
     if (it == b.end())
       line(k + ": " + v + " in checkpoint, absent now");
     else if (it->second != v)
-      line(k + ": " + v + " in checkpoint, " + it->second + " now");
+      line(k + ": " + v + " in checkpoint, " + it->second + " now" + world_hint(a, k));
   }
   for (const auto& [k, v] : b)
     if (!a.count(k)) line(k + ": absent in checkpoint, " + v + " now");

@@ -35,6 +35,8 @@ class CliProcess {
   CliProcess& operator=(const CliProcess&) = delete;
 
   void signal(int sig) const;
+  /// The process id (-1 once waited for).
+  pid_t pid() const { return pid_; }
   /// Waits for the end (killing the process after `timeout_s`, which fails the test).
   CliResult wait(double timeout_s = 60);
 

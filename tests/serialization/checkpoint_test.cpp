@@ -494,11 +494,11 @@ TEST_F(CheckpointFiles, DetectsMissingFiles) {
 TEST_F(CheckpointFiles, RefusesANewerManifestFormat) {
   write(1);
   edit_manifest(1, [](auto& j) {
-    j["format_version"] = 2;
+    j["format_version"] = 3;
     j["something_new"] = true;  // a newer format may add anything: the version is checked first
   });
   EXPECT_EQ(read_error(1), "'" + manifest(1) +
-                               "' has checkpoint format version 2, newer than this build's 1; "
+                               "' has checkpoint format version 3, newer than this build's 2; "
                                "upgrade flowstate");
 }
 

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "flowstate/core/rng.h"
 
@@ -52,6 +55,74 @@ void expect_save_restore(const std::function<Pipeline()>& make, LoaderOptions op
                          LoaderOptions restore_options) {
   const OracleReport report = check_save_restore(make, options, restore_options);
   EXPECT_TRUE(report.ok()) << report.summary();
+}
+
+// A generation-counting rendezvous: each call leaves its message, the last to arrive
+// publishes them all and starts the next generation.
+struct ThreadGroup::Shared {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t world = 1;
+  std::uint64_t arrived = 0;
+  std::uint64_t generation = 0;
+  std::vector<std::string> slots, published;
+};
+
+namespace {
+
+class ThreadCoordinator final : public Coordinator {
+ public:
+  ThreadCoordinator(std::shared_ptr<ThreadGroup::Shared> s, std::uint64_t rank)
+      : s_(std::move(s)), rank_(rank) {}
+  std::uint64_t rank() const override { return rank_; }
+  std::uint64_t world() const override { return s_->world; }
+  std::vector<std::string> all_gather(std::string_view message) override {
+    std::unique_lock lock(s_->mu);
+    s_->slots[rank_] = std::string(message);
+    const std::uint64_t gen = s_->generation;
+    if (++s_->arrived == s_->world) {
+      s_->published = s_->slots;
+      s_->arrived = 0;
+      ++s_->generation;
+      s_->cv.notify_all();
+    } else {
+      s_->cv.wait(lock, [&] { return s_->generation != gen; });
+    }
+    return s_->published;
+  }
+  void barrier() override { all_gather(""); }
+
+ private:
+  std::shared_ptr<ThreadGroup::Shared> s_;
+  std::uint64_t rank_;
+};
+
+}  // namespace
+
+ThreadGroup::ThreadGroup(std::uint64_t world) : shared_(std::make_shared<Shared>()), world_(world) {
+  shared_->world = world;
+  shared_->slots.resize(world);
+}
+
+std::shared_ptr<Coordinator> ThreadGroup::rank(std::uint64_t r) {
+  return std::make_shared<ThreadCoordinator>(shared_, r);
+}
+
+std::vector<std::string> ThreadGroup::run(
+    const std::function<void(std::uint64_t, std::shared_ptr<Coordinator>)>& fn) {
+  std::vector<std::string> errors(world_);
+  std::vector<std::thread> threads;
+  for (std::uint64_t r = 0; r < world_; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r, rank(r));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        if (errors[r].empty()) errors[r] = "(error without a message)";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
 }
 
 }  // namespace flowstate::testing

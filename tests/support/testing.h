@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "flowstate/core/coordinator.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/testing.h"
 
@@ -44,5 +45,23 @@ std::uint64_t record_index(const std::byte* record);
 /// first differing batch) unless every breakpoint reproduced the uninterrupted run.
 void expect_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
                          LoaderOptions restore_options);
+
+/// The ranks of a job as threads of this process: a Coordinator per rank (core/coordinator.h).
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(std::uint64_t world);
+  /// Rank `r`'s coordinator.
+  std::shared_ptr<Coordinator> rank(std::uint64_t r);
+  /// Runs fn(rank, coordinator) on `world` threads at once; returns each rank's error text
+  /// ("" when it returned normally).
+  std::vector<std::string> run(
+      const std::function<void(std::uint64_t rank, std::shared_ptr<Coordinator>)>& fn);
+
+  struct Shared;  ///< the rendezvous (testing.cpp)
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::uint64_t world_;
+};
 
 }  // namespace flowstate::testing
