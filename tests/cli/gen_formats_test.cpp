@@ -365,10 +365,11 @@ TEST_F(Gen, UsageErrorsNameTheOption) {
       {{"gen", "tar", "--out", "d", "--samples", "5", "--jsonl"}, "unknown option '--jsonl'"},
       {{"gen", "records", "--out", "d", "--docs", "5"}, "unknown option '--docs'"},
       {{"gen", "--out", "d"},
-       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines or tar"},
+       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar or indexed"},
       {{"gen", "lines", "tar", "--out", "d"},
-       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines or tar"},
-      {{"gen", "parquet", "--out", "d"}, "unknown data set kind 'parquet' (records, lines or tar)"},
+       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar or indexed"},
+      {{"gen", "parquet", "--out", "d"},
+       "unknown data set kind 'parquet' (records, lines, tar or indexed)"},
   };
   for (const auto& c : cases) {
     CliResult r = run(c.args);

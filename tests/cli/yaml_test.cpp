@@ -294,7 +294,7 @@ TEST(Registry, EveryBuiltinParameterHasADocAndAConsistentDefault) {
   check("pipeline", pipeline_params());
   check("checkpoint", checkpoint_params());
   EXPECT_EQ(Registry::builtin().names(true),
-            (std::vector<std::string>{"records", "lines", "tar", "mix"}));
+            (std::vector<std::string>{"records", "lines", "tar", "indexed", "mix"}));
 }
 
 TEST(YamlPipeline, ManyNodesGetUniqueNamesInOrder) {
@@ -417,9 +417,9 @@ TEST(YamlErrors, MissingRequiredKeys) {
                "p.yaml:6:5: nodes[2].batch.size: missing required parameter 'size'");
   expect_error(replace(kBase, ", record_bytes: 64", ""), "source.record_bytes",
                "p.yaml:2:9: source.record_bytes: missing required parameter 'record_bytes'");
-  expect_error(
-      replace(kBase, "type: records, ", ""), "source.type",
-      "p.yaml:2:9: source.type: missing required key 'type' (known: records, lines, tar, mix)");
+  expect_error(replace(kBase, "type: records, ", ""), "source.type",
+               "p.yaml:2:9: source.type: missing required key 'type' (known: records, lines, tar, "
+               "indexed, mix)");
   expect_error("seed: 1\nnodes: [{batch: {size: 1}}]\n", "source",
                "p.yaml:1:1: source: missing required key 'source' (e.g. source: {type: "
                "records, ...})");
