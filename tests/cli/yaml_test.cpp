@@ -441,7 +441,7 @@ TEST(YamlErrors, StructureMistakes) {
                "p.yaml:7:5: nodes[3]: 'records' is a source; it goes under 'source:'");
   expect_error(replace(kBase, "type: records", "type: shuffle"), "source.type",
                "p.yaml:2:16: source.type: 'shuffle' is not a source (sources: records, lines, tar, "
-               "mix); put it "
+               "indexed, mix); put it "
                "in nodes");
   expect_error("source: {type: records, paths: a, record_bytes: 1}\nnodes: 4\n", "nodes",
                "p.yaml:2:8: nodes: expected a list of nodes, got '4'");
