@@ -16,6 +16,8 @@ of any type are sources too (`from_sequence`, `from_iterable`), with Python `map
 functions and a `collate`.
 """
 
+import atexit
+import collections
 import dataclasses
 import inspect
 import json
@@ -24,6 +26,9 @@ import warnings
 from collections.abc import Mapping
 
 from . import _flowstate as _C
+
+# The graphs' threads run Python callbacks: stop them before the interpreter finalizes.
+atexit.register(_C.shutdown)
 
 Error = _C.Error
 ConfigError = _C.ConfigError
@@ -336,16 +341,15 @@ def from_iterable(factory, name=None, collate=None, size=None, resumable=None):
 
 # ---- batches and the loader ----
 
-@dataclasses.dataclass(frozen=True)
-class BatchInfo:
-    """What a trainer needs to know about a batch, known before it is handed out."""
-    step: int  #: global: counts every scheduled batch, across epochs and restarts
-    epoch: int  #: 0-based
-    index_in_epoch: int  #: 0-based position in the epoch's schedule
-    batches_in_epoch: object  #: the epoch's scheduled batches, or None when unknown
-    is_last_in_epoch: bool  #: no later batch of this epoch will be delivered
-    num_samples: int  #: samples in this batch
-    remainder: int  #: valid samples of a short last batch; 0 when full
+class BatchInfo(collections.namedtuple("BatchInfo", [
+        "step", "epoch", "index_in_epoch", "batches_in_epoch", "is_last_in_epoch",
+        "num_samples", "remainder"])):
+    """What a trainer needs to know about a batch, known before it is handed out (read-only):
+    step (global: counts every scheduled batch, across epochs and restarts), epoch (0-based),
+    index_in_epoch (0-based position in the epoch's schedule), batches_in_epoch (None when
+    unknown), is_last_in_epoch (no later batch of this epoch will be delivered), num_samples,
+    remainder (valid samples of a short last batch; 0 when full)."""
+    __slots__ = ()
 
 
 class Batch(Mapping):
@@ -397,7 +401,7 @@ class Loader:
         info, fields, value = parts
         if value is not None:
             fields = dict(value) if isinstance(value, Mapping) else {self.pipeline._value_name: value}
-        return Batch(BatchInfo(**info), fields, value)
+        return Batch(BatchInfo._make(info), fields, value)
 
     def __len__(self):
         """Batches the run schedules (epochs x batches per epoch), when the epoch's length is
@@ -408,7 +412,7 @@ class Loader:
             probe = _C.Loader(self.pipeline._native, 1, 1, 1)
             parts = probe.next()
             del probe
-            per_epoch = 0 if parts is None else parts[0]["batches_in_epoch"]
+            per_epoch = 0 if parts is None else BatchInfo._make(parts[0]).batches_in_epoch
             if per_epoch is None:
                 raise TypeError("len() of a loader whose epoch length is unknown (a source of "
                                 "unknown size, a filter, pack or mix)")

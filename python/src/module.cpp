@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <ranges>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -389,21 +391,22 @@ py::object to_torch(const Tensor& t) {
       if (mt != nullptr && mt->deleter != nullptr) mt->deleter(mt);
     }
   });
-  static py::object* from_dlpack =
-      new py::object(py::module_::import("torch.utils.dlpack").attr("from_dlpack"));
+  // torch.utils.dlpack.from_dlpack calls torch._C._from_dlpack for a capsule; calling it
+  // directly saves a Python frame per tensor.
+  static py::object* from_dlpack = [] {
+    py::module_ c = py::module_::import("torch._C");
+    return new py::object(py::hasattr(c, "_from_dlpack")
+                              ? c.attr("_from_dlpack")
+                              : py::module_::import("torch.utils.dlpack").attr("from_dlpack"));
+  }();
   return (*from_dlpack)(capsule);
 }
 
-py::dict info_dict(const BatchInfo& info) {
-  py::dict d;
-  d["step"] = info.step;
-  d["epoch"] = info.epoch;
-  d["index_in_epoch"] = info.index_in_epoch;
-  d["batches_in_epoch"] = info.batches_in_epoch ? py::cast(*info.batches_in_epoch) : py::none();
-  d["is_last_in_epoch"] = info.is_last_in_epoch;
-  d["num_samples"] = info.num_samples;
-  d["remainder"] = info.remainder;
-  return d;
+/// The fields of flowstate.BatchInfo, in its order.
+py::tuple info_tuple(const BatchInfo& info) {
+  return py::make_tuple(info.step, info.epoch, info.index_in_epoch,
+                        info.batches_in_epoch ? py::cast(*info.batches_in_epoch) : py::none(),
+                        info.is_last_in_epoch, info.num_samples, info.remainder);
 }
 
 /// What Python sees of a batch: its info, its tensor fields (as torch tensors) and the value
@@ -413,10 +416,25 @@ py::tuple batch_parts(const Batch& b) {
   for (const auto& [id, tensor] : b.fields)
     fields[py::str(std::string(field_name(id)))] = to_torch(tensor);
   py::object user = b.user.holds<PyObj>() ? b.user.get<PyObj>().get() : py::none();
-  return py::make_tuple(info_dict(b.info), fields, user);
+  return py::make_tuple(info_tuple(b.info), fields, user);
 }
 
 // ---- the loader ----
+
+class PyLoader;
+
+/// The live loaders, stopped by shutdown() (registered with atexit): the graph's threads must
+/// be gone before the interpreter finalizes, or one of them taking the GIL for a callback
+/// would be ended inside C++ frames.
+struct LiveLoaders {
+  std::mutex mu;
+  std::set<PyLoader*> loaders;
+  bool shut_down = false;
+};
+LiveLoaders& live_loaders() {
+  static auto* live = new LiveLoaders;  // never destroyed: used until the process ends
+  return *live;
+}
 
 /// A Loader whose blocking calls release the GIL.
 class PyLoader {
@@ -424,26 +442,50 @@ class PyLoader {
   PyLoader(const PyPipeline& p, std::uint64_t epochs, std::optional<int> workers,
            std::optional<std::size_t> prefetch)
       : specs_(p.specs) {
-    py::gil_scoped_release release;
-    loader_ = std::make_unique<Loader>(
-        p.pipeline, LoaderOptions{.epochs = epochs, .workers = workers, .prefetch = prefetch});
+    {
+      std::lock_guard lock(live_loaders().mu);
+      if (live_loaders().shut_down)
+        throw Error("the interpreter is shutting down: no new flowstate.Loader");
+    }
+    {
+      py::gil_scoped_release release;
+      loader_ = std::make_unique<Loader>(
+          p.pipeline, LoaderOptions{.epochs = epochs, .workers = workers, .prefetch = prefetch});
+    }
+    std::lock_guard lock(live_loaders().mu);
+    live_loaders().loaders.insert(this);
   }
   ~PyLoader() {
+    {
+      std::lock_guard lock(live_loaders().mu);
+      live_loaders().loaders.erase(this);
+    }
+    stop();
+  }
+  PyLoader(const PyLoader&) = delete;
+  PyLoader& operator=(const PyLoader&) = delete;
+  /// Stops the graph and drops the loader; the GIL is held on entry.
+  void stop() {
+    if (!loader_) return;
     py::gil_scoped_release release;
     loader_.reset();
+  }
+  Loader& loader() const {
+    if (!loader_) throw Error("this flowstate.Loader was stopped at interpreter shutdown");
+    return *loader_;
   }
   py::object next() {
     std::optional<Batch> b;
     {
       py::gil_scoped_release release;
-      b = loader_->next();
+      b = loader().next();
     }
     if (!b) return py::none();
     return batch_parts(*b);
   }
-  py::bytes state() const { return py::bytes(loader_->state()); }
+  py::bytes state() const { return py::bytes(loader().state()); }
   py::dict state_fields() const {
-    PipelineState s = loader_->state_struct();
+    PipelineState s = loader().state_struct();
     py::dict d;
     d["step"] = s.last_step ? *s.last_step + 1 : 0;
     d["epoch"] = s.last_epoch ? py::cast(*s.last_epoch) : py::none();
@@ -452,21 +494,21 @@ class PyLoader {
   }
   void load_state(const std::string& state) {
     py::gil_scoped_release release;
-    loader_->load_state(state);
+    loader().load_state(state);
   }
   void skip(std::uint64_t first, std::uint64_t last) {
     py::gil_scoped_release release;
-    loader_->skip(first, last);
+    loader().skip(first, last);
   }
   std::string save_checkpoint(const std::string& dir, std::size_t keep, bool overwrite) {
     py::gil_scoped_release release;
-    return loader_->save_checkpoint(dir, {.keep = keep, .overwrite = overwrite});
+    return loader().save_checkpoint(dir, {.keep = keep, .overwrite = overwrite});
   }
   py::object restore(const std::string& dir) {
     std::optional<CheckpointFound> found;
     {
       py::gil_scoped_release release;
-      found = loader_->restore(dir);
+      found = loader().restore(dir);
     }
     if (!found) return py::none();
     py::dict d;
@@ -476,7 +518,7 @@ class PyLoader {
     return d;
   }
   py::dict stats() const {
-    LoaderStats s = loader_->stats();
+    LoaderStats s = loader().stats();
     py::list stages;
     for (const auto& st : s.stages) {
       py::dict d;
@@ -494,7 +536,7 @@ class PyLoader {
     d["in_flight_limit"] = s.in_flight_limit;
     return d;
   }
-  std::uint64_t fingerprint() const { return loader_->pipeline().fingerprint(); }
+  std::uint64_t fingerprint() const { return loader().pipeline().fingerprint(); }
 
  private:
   std::shared_ptr<std::vector<PyObj>> specs_;
@@ -570,6 +612,18 @@ PYBIND11_MODULE(_flowstate, m) {
           std::memcpy(buffer->data(), bytes.data(), bytes.size());
           return to_torch(Tensor(std::move(buffer), offset, DType::kUInt8, Shape::of(shape)));
         });
+  m.def(
+      "shutdown",
+      [] {
+        std::vector<PyLoader*> loaders;
+        {
+          std::lock_guard lock(live_loaders().mu);
+          live_loaders().shut_down = true;
+          loaders.assign(live_loaders().loaders.begin(), live_loaders().loaders.end());
+        }
+        for (PyLoader* l : loaders) l->stop();
+      },
+      "Stops every Loader's graph (registered with atexit).");
   m.def("schema", &schema, "Every node type a pipeline may name, with its parameters.");
   m.def("pipeline_params", &top_level_params, "The top-level keys of a pipeline document.");
   m.def("load_yaml", &load_yaml, py::arg("text_or_path"), py::arg("is_file"), py::arg("origin"),

@@ -234,3 +234,18 @@ def test_a_shuffled_generator_resumes_without_reproducing_the_consumed_prefix():
     # About four buffers re-produced to rebuild the buffer, plus the batch and what the graph
     # prepares ahead: never the 3000 consumed.
     assert calls["next"] < 200, calls
+
+
+def test_the_interpreter_exits_cleanly_with_a_loader_running_python_callbacks(tmp_path):
+    import subprocess
+    import sys
+    script = tmp_path / "exit.py"
+    script.write_text(
+        "import flowstate\n"
+        "p = flowstate.from_sequence(list(range(100000)), name='i').map(lambda v: v + 1)"
+        ".batch(size=10).build()\n"
+        "loader = flowstate.Loader(p, workers=2)\n"
+        "print(next(loader).value[:3].tolist())\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[1, 2, 3]"
