@@ -249,3 +249,12 @@ def test_the_interpreter_exits_cleanly_with_a_loader_running_python_callbacks(tm
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[1, 2, 3]"
+
+
+def test_a_sequence_can_be_sharded():
+    def rank(r):
+        p = flowstate.from_sequence(list(range(20)), name="ints").shard(world=2, rank=r) \
+            .batch(size=5).build()
+        return [v for b in flowstate.Loader(p) for v in b.value.tolist()]
+    a, b = rank(0), rank(1)
+    assert len(a) == len(b) == 10 and sorted(a + b) == list(range(20))
