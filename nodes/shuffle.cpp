@@ -23,8 +23,36 @@ void ShuffleOptions::validate() const {
 
 namespace {
 
+/// True when the pipeline's source is forward-only: its buffer shuffle is a StreamShuffleNode
+/// (a shuffle after such a source is one, and nothing can come between them).
+bool after_a_stream(const InspectContext& ctx) {
+  if (!ctx.pipeline_param) return false;
+  const std::string resume = ctx.pipeline_param("iterable.resume");
+  return resume == "save_load" || resume == "replay";
+}
+
+std::string inspect_stream_shuffle(InArchive& ar) {
+  StreamShuffleState s;
+  ar(s);
+  JsonObject j;
+  j.add("epoch", s.epoch).add("draws", s.draws).add("consumed", s.consumed).add("pulled", s.pulled);
+  if (const auto& kf = s.keyframe) {
+    j.add_raw("keyframe", JsonObject()
+                              .add("draws", kf->draws)
+                              .add("consumed", kf->consumed)
+                              .add("base", kf->base)
+                              .add("slots", std::uint64_t{kf->slots.size()})
+                              .add("source_state_bytes", std::uint64_t{kf->upstream.size()})
+                              .str());
+  } else {
+    j.add_raw("keyframe", "null");
+  }
+  return j.str();
+}
+
 std::string inspect_shuffle(InArchive& ar, const InspectContext& ctx) {
   if (ctx.param("mode") == "global") return inspect_fields<CursorState>(ar, ctx);
+  if (after_a_stream(ctx)) return inspect_stream_shuffle(ar);
   BufferShuffleState s;
   ar(s);
   JsonObject j;

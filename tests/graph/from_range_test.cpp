@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "config/inspect.h"
 #include "core/error.h"
 #include "graph/loader.h"
 #include "tests/support/testing.h"
@@ -369,6 +370,26 @@ TEST(StreamShuffle, RestoreReproducesAFewBuffersNotTheEpochPrefix) {
   // At most about four buffers re-produced (plus what the graph prepares ahead), never the
   // 50 000 items consumed.
   EXPECT_LT(fr_test::g_next_calls.load(), 1000u);
+}
+
+TEST(StreamShuffle, InspectReadsItsState) {
+  Loader l(Pipeline::Builder()
+               .source(from_producer(
+                   [](std::uint64_t e) {
+                     return Names{e, 0, 1000};
+                   },
+                   {.name = "names"}))
+               .shuffle({.mode = ShuffleMode::kBuffer, .size = 10})
+               .batch({.size = 4})
+               .build());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(l.next());
+  const PipelineState s = PipelineState::decode(l.state());
+  const std::string nodes = describe_node_states(s.spine, s.canonical, "state");
+  // 80 draws; the buffer is topped up to 10 before each draw, so 89 inputs went in.
+  EXPECT_THAT(nodes, ::testing::HasSubstr(R"("type":"shuffle","state":{"epoch":0,"draws":80,)"
+                                          R"("consumed":89,)"));
+  EXPECT_THAT(nodes, ::testing::HasSubstr(R"("keyframe":{"draws":80,"consumed":89,)"));
+  EXPECT_THAT(nodes, ::testing::HasSubstr(R"("slots":9,"source_state_bytes":)"));
 }
 
 TEST(FromRange, ForwardListReplaysFromTheEpochStart) {
