@@ -10,8 +10,8 @@
 #include <mutex>
 #include <utility>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate {
 namespace {

@@ -1,9 +1,9 @@
-#include "nodes/batch.h"
+#include "flowstate/nodes/batch.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "nodes/shuffle.h"
+#include "flowstate/nodes/shuffle.h"
 
 #include <algorithm>
 #include <cereal/archives/portable_binary.hpp>
@@ -6,9 +6,9 @@
 #include <cereal/types/vector.hpp>
 #include <sstream>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "core/rng.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 

@@ -21,12 +21,12 @@
 #include <utility>
 #include <vector>
 
-#include "config/registry.h"
-#include "config/yaml.h"
-#include "core/error.h"
-#include "graph/accumulate.h"
-#include "graph/loader.h"
-#include "nodes/sources/iterable.h"
+#include "flowstate/config/registry.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/accumulate.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/iterable.h"
 
 namespace py = pybind11;
 using namespace flowstate;

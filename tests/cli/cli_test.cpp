@@ -11,9 +11,9 @@
 #include <set>
 #include <thread>
 
-#include "config/yaml.h"
-#include "core/hash.h"
-#include "graph/loader.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
 #include "tests/cli/cli_support.h"
 
 namespace flowstate {

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/buffer.h"
-#include "core/tensor.h"
+#include "flowstate/core/buffer.h"
+#include "flowstate/core/tensor.h"
 
 namespace flowstate {
 namespace {
