@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Side-by-side comparison on workload W1 (DESIGN.md §11): flowstate against LibTorch's
-# make_data_loader and PyTorch's DataLoader, interleaved round by round in one run (A B C ...
+# Side-by-side comparison on workload W1 (DESIGN.md §11): flowstate (C++, and from Python
+# through its package) against LibTorch's make_data_loader and PyTorch's DataLoader, interleaved round by round in one run (A B C ...
 # A B C ...), so every loader sees the same machine. Also measures, for the bars of issue 6:
 # the single-thread gather ceiling, the cost of a checkpoint every 100 steps, restore time to
 # first batch, checkpoint size, memory over 5 epochs, and a map-heavy pipeline on 1 vs 2
@@ -50,7 +50,7 @@ if [[ $do_build == 1 ]]; then
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFLOWSTATE_WITH_CUDA=OFF \
       -DFLOWSTATE_BUILD_EXAMPLES=OFF >&2
   fi
-  cmake --build "$build" -j2 --target w1_flowstate libtorch_loader >&2
+  cmake --build "$build" -j2 --target w1_flowstate libtorch_loader flowstate_python >&2
 fi
 fs="$build/bench/w1_flowstate"
 lt="$build/bench/libtorch_loader"
@@ -77,8 +77,10 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)
 echo "{\"round\": 0, \"what\": \"machine\", \"cpus\": $(nproc), \"cpu\": \"$cpu\", \"kernel\": \"$(uname -r)\", \"load_before\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"date\": \"$(date -Is)\"}" >>"$out"
 
 echo "W1 throughput, $rounds interleaved rounds" >&2
+pyfs="env PYTHONPATH=$build/python $py $root/bench/compare_python.py --data $data"
 runs=(
   "$fs --data $data throughput --workers 1 --batches 3072"
+  "$pyfs --workers 2 --batches 3072"
   "$fs --data $data throughput --workers 2 --batches 3072"
   "$lt --data $data --workers 2 --batches 2048"
   "$py $root/bench/compare_torch.py --data $data --workers 0 --batches 300"
@@ -105,6 +107,10 @@ echo "checkpoint every 100 steps (in-process, interleaved segments)" >&2
 for kind in state async sync; do
   record 1 "$fs" --data "$data" checkpoint --workers 2 --every 100 --rounds 8 --kind "$kind"
 done
+
+echo "state_dict() every 100 steps from Python (interleaved segments)" >&2
+# shellcheck disable=SC2086
+record 1 $pyfs --workers 2 --state-dict-every 100 --segments 8
 
 echo "restore, checkpoint size, memory" >&2
 record 1 "$fs" --data "$data" restore --workers 2 --rounds 15

@@ -37,7 +37,7 @@ def main(path):
 
     print("\nW1 (262144 x 1 KiB, buffer shuffle 16384, batch 256): samples/s, "
           "median [min - max] over rounds")
-    order = ["flowstate 1w", "flowstate 2w", "libtorch 2w", "pytorch 0w", "pytorch 2w",
+    order = ["flowstate 1w", "flowstate 2w", "python 2w", "libtorch 2w", "pytorch 0w", "pytorch 2w",
              "gather ceiling 1 thread", "gather 1 thread, prefetch"]
     for name in order + sorted(set(w1) - set(order)):
         if name in w1:
@@ -64,7 +64,9 @@ def main(path):
     print("\nratios (median of per-round ratios [min - max]; ratio of medians)")
     for a, b in [("flowstate 2w", "libtorch 2w"), ("flowstate 1w", "libtorch 2w"),
                  ("flowstate 2w", "pytorch 0w"), ("flowstate 2w", "pytorch 2w"),
-                 ("flowstate 2w", "flowstate 1w"), ("flowstate 2w", "gather ceiling 1 thread")]:
+                 ("flowstate 2w", "flowstate 1w"), ("flowstate 2w", "gather ceiling 1 thread"),
+                 ("python 2w", "flowstate 2w"), ("python 2w", "pytorch 0w"),
+                 ("python 2w", "pytorch 2w")]:
         r = ratio(a, b)
         if r:
             print(f"  {a} / {b}: {r[0]:.2f}x [{r[1]:.2f} - {r[2]:.2f}]; {r[3]:.2f}x")
@@ -74,6 +76,14 @@ def main(path):
     r = ratio("flowstate 2w", "pytorch 0w")
     if r:
         bar("W1 >= 15x PyTorch num_workers=0", r[0] >= 15.0, f"{r[0]:.1f}x")
+
+    r = ratio("python 2w", "flowstate 2w")
+    if r:
+        bar("W1 from Python >= 90% of the C++ rate", r[0] >= 0.9, f"{r[0] * 100:.0f}%")
+    for w in (0, 2):
+        r = ratio("python 2w", f"pytorch {w}w")
+        if r:
+            bar(f"W1 from Python >= 10x PyTorch num_workers={w}", r[0] >= 10.0, f"{r[0]:.1f}x")
 
     # ---- map-heavy ----
     mh = defaultdict(dict)
@@ -118,6 +128,16 @@ def main(path):
             else:
                 bar(f"checkpoint every 100 steps < 2% ({what})", x["cost_median"] < 0.02,
                     f"{x['cost_median'] * 100:+.2f}%")
+
+    for x in rows:
+        if x.get("what") == "python_state_dict_cost":
+            print(f"\nstate_dict() every {x['every']} steps from Python: "
+                  f"{x['plain_samples_per_s'] / 1e6:.3f} -> {x['state_dict_samples_per_s'] / 1e6:.3f}"
+                  f" M samples/s ({x['cost'] * 100:+.2f}%), {x['state_bytes']} bytes; the consumer "
+                  f"spent {x['consumer_share'] * 100:.2f}% of its time in the calls")
+            bar("state_dict() every 100 steps from Python < 2%", x["consumer_share"] < 0.02,
+                f"<= {x['consumer_share'] * 100:.2f}% (time in state_dict(); interleaved "
+                f"segments {x['cost'] * 100:+.2f}%)")
 
     # ---- restore ----
     for x in rows:

@@ -62,6 +62,7 @@ class Describer {
     ctx.param = [name, &canonical](const std::string& key) {
       return lookup(canonical, name + "." + key);
     };
+    ctx.pipeline_param = [&canonical](const std::string& key) { return lookup(canonical, key); };
     ctx.nested = [this](const std::vector<StampEntry>& entries, const std::string& text) {
       return list(entries, input_canonical(text));
     };

@@ -87,8 +87,10 @@ DLManagedTensor* Tensor::to_dlpack() const {
   auto* h = new DLPackHolder{*this};
   for (std::size_t i = 0; i < shape_.rank(); ++i) h->shape[i] = shape_[i];
   DLTensor& t = h->managed.dl_tensor;
-  t.data = buffer_->data();
-  t.byte_offset = offset_;
+  // `data` is the view itself and `byte_offset` 0: consumers that ignore byte_offset (PyTorch
+  // 1.13's from_dlpack) would otherwise read a view from its buffer's start.
+  t.data = data();
+  t.byte_offset = 0;
   switch (device().kind) {
     case MemoryKind::kHost:
       t.device = {kDLCPU, 0};

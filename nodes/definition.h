@@ -136,6 +136,9 @@ class BuildContext {
 struct InspectContext {
   /// The canonical value of one of the node's parameters in the checkpoint ("" if absent).
   std::function<std::string(const std::string& key)> param;
+  /// The canonical value of any parameter of the pipeline (or mix input) in the checkpoint,
+  /// by its full key ("iterable.resume"); "" if absent.
+  std::function<std::string(const std::string& key)> pipeline_param;
   /// Decodes entries nested in the state (a mix input's nodes, see load_entries) to a JSON
   /// list, the same way; `canonical` is that input's description ("{k=v; k=v}").
   std::function<std::string(const std::vector<StampEntry>& entries, const std::string& canonical)>

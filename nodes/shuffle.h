@@ -10,12 +10,24 @@
 // loads the key-frame and replays fewer than `size` draws — without reading any record —
 // so resuming costs the same wherever the checkpoint was taken. Key-frames are stored as
 // distances from the input cursor, in varints: about 2.5 bytes per slot.
+//
+// `buffer` after a forward-only source (a generator: from_producer, a Python iterable) is a
+// StreamShuffleNode: the same seeded draws over a buffer of `size` Refs filled from the stream.
+// Its key-frame (every `size` draws) holds the buffered inputs' positions plus the source's
+// own state at a position no later than the oldest of them (the source's snapshots are taken
+// every `size` inputs); an input older than 2 x `size` inputs is drawn next, so that position
+// is never far back. A restore rewinds the source to that state and re-produces at most about
+// four buffers' worth of items (usually three), keeping the buffered ones — nothing of the
+// consumed epoch prefix. The cost is the source's: a source that resumes through save/load
+// (state_dict) rewinds in O(1), one that replays re-runs its epoch up to that position.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "flowstate/core/permutation.h"
@@ -148,6 +160,75 @@ class BufferShuffleNode final : public StatefulSpineNode<BufferShuffleState> {
   std::uint64_t n_ = 0;  ///< inputs in this epoch
 };
 
+/// A key-frame of the stream shuffle: the buffer after `draws` draws (inputs by their order in
+/// the epoch), and where the source must be rewound to rebuild it.
+struct StreamKeyframe {
+  std::uint64_t draws = 0;
+  std::uint64_t consumed = 0;  ///< inputs moved into the buffer so far
+  std::uint64_t base = 0;      ///< input the rewind starts at (<= every slot)
+  std::string upstream;        ///< the source's saved state at `base`; empty: the epoch start
+  std::vector<std::uint64_t> slots;
+};
+
+/// State of a stream shuffle.
+struct StreamShuffleState {
+  std::uint64_t epoch = 0;
+  std::uint64_t draws = 0;                         ///< Refs emitted in this epoch
+  std::uint64_t consumed = 0;                      ///< inputs moved into the buffer
+  std::uint64_t pulled = 0;                        ///< inputs pulled from the source (>= consumed)
+  std::shared_ptr<const StreamKeyframe> keyframe;  ///< null: the epoch's start
+
+  template <class Archive>
+  void save(Archive& ar, std::uint32_t version) const;
+  template <class Archive>
+  void load(Archive& ar, std::uint32_t version);
+};
+
+/// The `buffer` shuffle of a forward-only source (see the file comment). Must come right
+/// after that source.
+class StreamShuffleNode final : public StatefulSpineNode<StreamShuffleState> {
+ public:
+  StreamShuffleNode(std::string name, std::uint64_t key, std::uint64_t buffer_size,
+                    const RecordStore* store);
+  void connect(SpineNode* upstream) override;
+  std::uint64_t size(std::uint64_t epoch) const override { return upstream_->size(epoch); }
+  void start_epoch(std::uint64_t epoch) override;
+  std::size_t pull(std::span<Ref> out) override;
+
+ protected:
+  void validate(const StreamShuffleState& s) const override;
+  void on_restored() override;
+
+ private:
+  struct Input {
+    std::uint64_t n = 0;  ///< position in the epoch's input
+    Ref ref;
+  };
+  void reset(std::uint64_t epoch);
+  /// Pulls the next input from the source into pending_ (in chunks that stop at multiples of
+  /// the capacity, where the source's snapshot is taken); false at the epoch's end.
+  bool next_input(Input& in);
+  /// Tops the buffer up to its capacity.
+  void fill();
+  /// Removes and returns the buffered input of draw `k`.
+  Input draw(std::uint64_t k);
+  void keyframe();
+
+  std::uint64_t key_;
+  std::uint64_t capacity_;
+  const RecordStore* store_;
+  // Live buffer (derived state: rebuilt from the key-frame on restore).
+  std::uint64_t epoch_key_ = 0;
+  std::vector<Input> slots_;
+  std::unordered_map<std::uint64_t, std::size_t> where_;  ///< input -> slot
+  std::uint64_t oldest_ = 0;                              ///< no buffered input is older
+  std::deque<Input> pending_;                             ///< pulled, not yet buffered
+  bool ended_ = false;
+  /// The source's snapshots at inputs that are multiples of the capacity.
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const NodeSnapshot>>> marks_;
+};
+
 }  // namespace flowstate
 
 CEREAL_CLASS_VERSION(flowstate::BufferShuffleState, 1);
+CEREAL_CLASS_VERSION(flowstate::StreamShuffleState, 1);

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Installs flowstate's build and test dependencies from Debian's repositories.
 # Idempotent: packages already present are not touched. Runs apt-get directly as root,
-# through sudo otherwise. Set FLOWSTATE_DEPS_BENCH=1 to also install the side-by-side
-# comparison tools (LibTorch, python3-torch), which are large.
+# through sudo otherwise. The Python package and its tests need pybind11, python3-dev,
+# pytest, numpy and python3-torch; LibTorch tests the DLPack export. These are also the
+# side-by-side comparison tools, so FLOWSTATE_DEPS_BENCH=1 (still accepted) adds nothing.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
       libtbb-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev
       libxxhash-dev libsimdjson-dev libdlpack-dev libgtest-dev libgmock-dev libbenchmark-dev
       clang libclang-rt-14-dev libfuzzer-14-dev clang-format
-      openmpi-bin libopenmpi-dev)
-if [[ "${FLOWSTATE_DEPS_BENCH:-0}" == 1 ]]; then
-  pkgs+=(libtorch-dev python3-torch python3-numpy)
-fi
+      openmpi-bin libopenmpi-dev
+      pybind11-dev python3-dev python3-pytest python3-numpy python3-torch python3-venv
+      python3-pip python3-setuptools libtorch-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

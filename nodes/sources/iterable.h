@@ -18,7 +18,8 @@
 // Forward sources run serially on the spine, hold each value until its batch is assembled
 // (RecordStore::release), and have size kUnknownSize unless it is known (a sized range, or
 // RangeOptions::size); the batch node then looks one batch ahead, so is_last_in_epoch is
-// still known before a batch is handed out. They cannot be shuffled or sharded (those need
+// still known before a batch is handed out. They cannot be sharded, and only a `buffer`
+// shuffle right after them shuffles them (StreamShuffleNode, nodes/shuffle.h; the others need
 // random access).
 //
 //   struct Doc { std::string text; int label; };

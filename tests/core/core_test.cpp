@@ -88,8 +88,27 @@ TEST(Tensor, ExportsDLPack) {
   EXPECT_EQ(m->dl_tensor.dtype.code, kDLFloat);
   EXPECT_EQ(m->dl_tensor.dtype.bits, 32);
   EXPECT_EQ(m->dl_tensor.device.device_type, kDLCPU);
-  EXPECT_EQ(static_cast<char*>(m->dl_tensor.data) + m->dl_tensor.byte_offset, t.data());
+  EXPECT_EQ(m->dl_tensor.data, t.data());
+  EXPECT_EQ(m->dl_tensor.byte_offset, 0u);
   m->deleter(m);
+}
+
+// PyTorch 1.13 ignores byte_offset: a view must be exported as its own address.
+TEST(Tensor, ExportsAViewAtItsOwnAddressWithByteOffsetZero) {
+  auto b = Buffer::allocate(64);
+  for (int i = 0; i < 64; ++i)
+    static_cast<std::uint8_t*>(b->data())[i] = static_cast<std::uint8_t>(i);
+  Tensor view(b, 24, DType::kUInt8, Shape{2, 4});
+  DLManagedTensor* m = view.to_dlpack();
+  EXPECT_EQ(m->dl_tensor.data, static_cast<char*>(b->data()) + 24);
+  EXPECT_EQ(m->dl_tensor.byte_offset, 0u);
+  EXPECT_EQ(static_cast<const std::uint8_t*>(m->dl_tensor.data)[0], 24);
+  std::weak_ptr<Buffer> alive = b;
+  b.reset();
+  view = Tensor();
+  EXPECT_FALSE(alive.expired()) << "the DLPack tensor keeps its buffer alive";
+  m->deleter(m);
+  EXPECT_TRUE(alive.expired());
 }
 
 TEST(BufferPool, RecyclesBuffersOfTheSameSize) {

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "flowstate/config/inspect.h"
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
@@ -271,6 +273,123 @@ TEST(FromRange, ResumableProducerDoesNotReplay) {
   EXPECT_EQ(strings_of(*b).front(), "e0-500");
   // The batch, the look-ahead and what the graph prepares ahead — never the 500 consumed.
   EXPECT_LT(fr_test::g_next_calls.load(), 200u);
+}
+
+// A buffer shuffle of a forward-only source (StreamShuffleNode): every breakpoint of the
+// oracle, with buffers smaller and larger than a batch, over a producer that resumes through
+// save/load and one that replays.
+TEST(StreamShuffle, ResumableProducerPassesTheOracle) {
+  for (std::uint64_t size : {3u, 16u, 50u}) {
+    SCOPED_TRACE("buffer " + std::to_string(size));
+    auto make = [size] {
+      return Pipeline::Builder()
+          .seed(5)
+          .source(from_producer(
+              [](std::uint64_t e) {
+                return Names{e, 0, 203};
+              },
+              {.name = "names"}))
+          .shuffle({.mode = ShuffleMode::kBuffer, .size = size})
+          .batch({.size = 8})
+          .map_batch(expose<std::string>([](const std::string& s) { return s; }),
+                     {.name = "expose"})
+          .build();
+    };
+    check_oracle(make);
+  }
+}
+
+TEST(StreamShuffle, ReplayingProducerPassesTheOracle) {
+  auto make = [] {
+    return Pipeline::Builder()
+        .source(from_producer(
+            [](std::uint64_t e) {
+              return PlainNames{{e, 0, 77}};
+            },
+            {.name = "plain"}))
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 10})
+        .batch({.size = 4})
+        .map_batch(expose<std::string>([](const std::string& s) { return s; }), {.name = "expose"})
+        .build();
+  };
+  check_oracle(make);
+}
+
+TEST(StreamShuffle, ShufflesEveryItemOncePerEpochDifferentlyEachEpoch) {
+  Loader l(Pipeline::Builder()
+               .source(from_producer(
+                   [](std::uint64_t e) {
+                     return Names{e, 0, 100};
+                   },
+                   {.name = "names"}))
+               .shuffle({.mode = ShuffleMode::kBuffer, .size = 20})
+               .batch({.size = 10})
+               .build(),
+           {.epochs = 2});
+  std::vector<std::string> e0, e1;
+  while (auto b = l.next())
+    for (const auto& s : strings_of(*b)) (b->info.epoch == 0 ? e0 : e1).push_back(s.substr(3));
+  ASSERT_EQ(e0.size(), 100u);
+  ASSERT_EQ(e1.size(), 100u);
+  EXPECT_NE(e0, e1);
+  std::vector<std::string> in_order;
+  for (int i = 0; i < 100; ++i) in_order.push_back(std::to_string(i));
+  EXPECT_NE(e0, in_order);
+  std::sort(e0.begin(), e0.end());
+  std::sort(in_order.begin(), in_order.end());
+  EXPECT_EQ(e0, in_order);
+}
+
+TEST(StreamShuffle, RestoreReproducesAFewBuffersNotTheEpochPrefix) {
+  auto make = [] {
+    return Pipeline::Builder()
+        .source(from_producer(
+            [](std::uint64_t e) {
+              return Names{e, 0, 100000};
+            },
+            {.name = "names"}))
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 100})
+        .batch({.size = 10})
+        .build();
+  };
+  std::string state;
+  std::vector<std::string> expected;
+  {
+    Loader l(make());
+    for (int i = 0; i < 5000; ++i) ASSERT_TRUE(l.next());
+    state = l.state();
+    expected = strings_of(*l.next());
+  }
+  EXPECT_LT(state.size(), 1500u);  // the key-frame's 100 slots and the producer's position
+  Loader resumed(make(), {.workers = 1, .prefetch = 1});
+  fr_test::g_next_calls = 0;
+  resumed.load_state(state);
+  auto b = resumed.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(strings_of(*b), expected);
+  // At most about four buffers re-produced (plus what the graph prepares ahead), never the
+  // 50 000 items consumed.
+  EXPECT_LT(fr_test::g_next_calls.load(), 1000u);
+}
+
+TEST(StreamShuffle, InspectReadsItsState) {
+  Loader l(Pipeline::Builder()
+               .source(from_producer(
+                   [](std::uint64_t e) {
+                     return Names{e, 0, 1000};
+                   },
+                   {.name = "names"}))
+               .shuffle({.mode = ShuffleMode::kBuffer, .size = 10})
+               .batch({.size = 4})
+               .build());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(l.next());
+  const PipelineState s = PipelineState::decode(l.state());
+  const std::string nodes = describe_node_states(s.spine, s.canonical, "state");
+  // 80 draws; the buffer is topped up to 10 before each draw, so 89 inputs went in.
+  EXPECT_THAT(nodes, ::testing::HasSubstr(R"("type":"shuffle","state":{"epoch":0,"draws":80,)"
+                                          R"("consumed":89,)"));
+  EXPECT_THAT(nodes, ::testing::HasSubstr(R"("keyframe":{"draws":80,"consumed":89,)"));
+  EXPECT_THAT(nodes, ::testing::HasSubstr(R"("slots":9,"source_state_bytes":)"));
 }
 
 TEST(FromRange, ForwardListReplaysFromTheEpochStart) {

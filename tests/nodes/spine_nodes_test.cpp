@@ -227,6 +227,22 @@ TEST_F(SpineNodes, RejectsAShuffleOverANonIndexedUpstream) {
   }
 }
 
+TEST_F(SpineNodes, RejectsAStreamShuffleThatDoesNotFollowItsSource) {
+  Chain c;
+  auto source = records();
+  const auto* store = dynamic_cast<const RecordStore*>(source.get());
+  c.push_back(std::move(source));
+  c.push_back(std::make_unique<BufferShuffleNode>("shuffle", 3, 10));
+  c.push_back(std::make_unique<StreamShuffleNode>("shuffle#2", 3, 10, store));
+  try {
+    connect(std::move(c));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("must come right after that source"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(SpineNodes, RestoreRejectsACursorPastTheData) {
   Chain a;
   a.push_back(records());

@@ -1,0 +1,507 @@
+"""flowstate from Python: exact, resumable input pipelines that hand PyTorch tensors over
+without a copy.
+
+    import flowstate
+    pipeline = flowstate.Pipeline.from_yaml("pipeline.yaml", overrides={"shuffle.size": 1024})
+    loader = flowstate.Loader(pipeline, epochs=2)
+    for batch in loader:                  # a read-only mapping: field -> torch.Tensor
+        train_step(batch["data"])         # shares flowstate's buffer (DLPack)
+        if batch.info.is_last_in_epoch: ...
+    torch.save({"loader": loader.state_dict(), ...}, "ckpt.pt")
+
+Pipelines come from YAML, from a dict (the YAML document) or from the chained builder, which
+is generated from the node registry (`flowstate.schema()`): every node, parameter, check and
+error message is the one YAML and the `flowstate` command use. Python sequences and iterables
+of any type are sources too (`from_sequence`, `from_iterable`), with Python `map`/`filter`
+functions and a `collate`.
+"""
+
+import atexit
+import collections
+import dataclasses
+import inspect
+import json
+import os
+import warnings
+from collections.abc import Mapping
+
+from . import _flowstate as _C
+
+# The graphs' threads run Python callbacks: stop them before the interpreter finalizes.
+atexit.register(_C.shutdown)
+
+Error = _C.Error
+ConfigError = _C.ConfigError
+DataError = _C.DataError
+CheckpointError = _C.CheckpointError
+
+__all__ = [
+    "Error", "ConfigError", "DataError", "CheckpointError", "schema", "Pipeline", "Builder",
+    "Loader", "Batch", "BatchInfo", "GradientAccumulator", "from_sequence", "from_iterable",
+    "default_collate",
+]
+
+#: Version of the dict state_dict() returns.
+STATE_DICT_VERSION = 1
+
+
+def schema():
+    """Every node type a pipeline may name: a list of dicts with `type`, `doc`, `source` and
+    `params` (each with name, type, default, doc, required, min, max, choices, free)."""
+    return _C.schema()
+
+
+def _node_types():
+    return {s["type"]: s for s in _C.schema()}
+
+
+# ---- collate ----
+
+def default_collate(items):
+    """PyTorch's default_collate (tensors, numpy arrays and numbers stack; dicts, tuples and
+    lists collate per key / position), plus dataclass instances, which collate into a dict of
+    their fields."""
+    import torch.utils.data
+
+    first = items[0]
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        return {f.name: default_collate([getattr(x, f.name) for x in items])
+                for f in dataclasses.fields(first)}
+    return torch.utils.data.default_collate(items)
+
+
+# ---- pipelines ----
+
+def _yaml_value(v):
+    # JSON is YAML: a value written as JSON reads back as the same value.
+    return json.dumps(v)
+
+
+def _overrides(overrides):
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{k}={_yaml_value(v)}" for k, v in overrides.items()]
+    return [str(o) for o in overrides]
+
+
+def _document_text(doc):
+    """A pipeline document as YAML text, one node per line, so that messages point at it."""
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"a pipeline document is a dict, got {type(doc).__name__}")
+    lines = []
+    for key, value in doc.items():
+        if key == "nodes" and isinstance(value, (list, tuple)):
+            lines.append("nodes:")
+            lines.extend("  - " + _yaml_value(n) for n in value)
+            if not value:
+                lines[-1] = "nodes: []"
+        else:
+            lines.append(f"{_yaml_value(key)}: {_yaml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+class Pipeline:
+    """An immutable, validated pipeline. Make one with from_yaml, from_dict or a builder."""
+
+    def __init__(self, native, epochs=1, checkpoint=None, value_name=None):
+        self._native = native
+        self.epochs = epochs  #: the document's `epochs` (1 when it has none)
+        self.checkpoint = checkpoint  #: the document's `checkpoint:` section, or None
+        self._value_name = value_name
+        for w in native.warnings:
+            warnings.warn(w, stacklevel=3)
+
+    @classmethod
+    def from_yaml(cls, path, overrides=None):
+        """The pipeline of a YAML file; `overrides` maps keys ("shuffle.size",
+        "nodes[1].shuffle.size", "seed") to values, like `flowstate run --set`. Raises
+        ConfigError with the command's message (file:line:column: key: problem)."""
+        native, epochs, ck = _C.load_yaml(os.fspath(path), True, os.fspath(path),
+                                          _overrides(overrides), None, [])
+        return cls(native, epochs, ck)
+
+    @classmethod
+    def from_dict(cls, doc, overrides=None, base_dir=None, origin="<dict>"):
+        """The pipeline of a YAML document given as a dict ({"source": {...}, "nodes": [...]});
+        relative paths resolve against `base_dir` (default: the current directory)."""
+        return cls._load(doc, overrides, base_dir, origin, [], None)
+
+    @classmethod
+    def _load(cls, doc, overrides, base_dir, origin, python_nodes, value_name):
+        text = _document_text(doc)
+        native, epochs, ck = _C.load_yaml(text, False, origin, _overrides(overrides),
+                                          None if base_dir is None else os.fspath(base_dir),
+                                          python_nodes)
+        return cls(native, epochs, ck, value_name)
+
+    @property
+    def fingerprint(self):
+        """What must match between a checkpoint and the pipeline that restores it."""
+        return self._native.fingerprint
+
+    @property
+    def warnings(self):
+        return list(self._native.warnings)
+
+    @property
+    def node_names(self):
+        return list(self._native.node_names)
+
+    def canonical(self):
+        """The pipeline without its free parameters: [("batch.size", "256"), ...]."""
+        return list(self._native.canonical())
+
+    def describe(self):
+        return self._native.describe()
+
+    def __repr__(self):
+        return f"<flowstate.Pipeline {' -> '.join(self.node_names)}>"
+
+
+class _PythonNode:
+    """A Python object a pipeline node calls (a source, a map, a filter)."""
+
+    def __init__(self, kind, **kw):
+        self.kind = kind
+        self.obj = self.fn = self.collate = self.size = self.length = None
+        self.takes_epoch = self.resumable = False
+        self.name = ""
+        self.__dict__.update(kw)
+
+
+def _takes_an_argument(fn):
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL):
+            return True
+    return False
+
+
+class Builder:
+    """A chained pipeline builder. Its node methods are generated from the registry
+    (`flowstate.schema()`): `.shuffle(mode="buffer", size=1024)` is the YAML node
+    `- shuffle: {mode: buffer, size: 1024}`, checked by the same code with the same messages.
+    `map` and `filter` take a Python function (or a registered transform's name)."""
+
+    def __init__(self):
+        self._top = {}
+        self._source = None
+        self._nodes = []
+        self._python = []
+        self._value_name = None
+
+    # -- top-level keys --
+    def seed(self, seed):
+        self._top["seed"] = seed
+        return self
+
+    def workers(self, workers):
+        self._top["workers"] = workers
+        return self
+
+    def epochs(self, epochs):
+        self._top["epochs"] = epochs
+        return self
+
+    # -- nodes --
+    def _set_source(self, type_, params):
+        if self._source is not None:
+            raise ConfigError("a pipeline has one source; start a new builder")
+        self._source = {"type": type_, **params}
+        return self
+
+    def add(self, type_, **params):
+        """Adds a node by its registered type (also a plugin's)."""
+        self._nodes.append({type_: params} if params else type_)
+        return self
+
+    def _python_ref(self, node):
+        self._python.append(node)
+        return len(self._python) - 1
+
+    def map(self, fn, *, name=None, workers=None, **params):
+        """A Python function on each sample (before batch): it returns the new sample. Or, with
+        a string, a registered transform: `.map("decode", dtype="uint16")`."""
+        if isinstance(fn, str):
+            return self.add("map", fn=fn, **({"workers": workers} if workers else {}), **params)
+        name = name or getattr(fn, "__qualname__", None) or "python_map"
+        ref = self._python_ref(_PythonNode("map", fn=fn, name=name))
+        node = {"ref": ref}
+        if workers:
+            node["workers"] = workers
+        self._nodes.append({"python_map": node})
+        return self
+
+    def filter(self, fn, *, name=None, **params):
+        """Keeps the samples for which a Python predicate is true (or a named predicate)."""
+        if isinstance(fn, str):
+            return self.add("filter", fn=fn, **params)
+        name = name or getattr(fn, "__qualname__", None) or "python_filter"
+        ref = self._python_ref(_PythonNode("filter", fn=fn, name=name))
+        self._nodes.append({"python_filter": {"ref": ref}})
+        return self
+
+    def document(self):
+        """The pipeline document this builder describes (Python objects as `ref`s)."""
+        doc = dict(self._top)
+        if self._source is not None:
+            doc["source"] = self._source
+        doc["nodes"] = list(self._nodes)
+        return doc
+
+    def build(self, base_dir=None):
+        """Validates and returns the Pipeline (ConfigError naming the node otherwise)."""
+        return Pipeline._load(self.document(), None, base_dir, "<builder>", self._python,
+                              self._value_name)
+
+    def loader(self, **kwargs):
+        """Loader(self.build(), **kwargs)."""
+        return Loader(self.build(), **kwargs)
+
+    def __getattr__(self, name):
+        # A node type registered after import (a plugin loaded since).
+        if not name.startswith("_"):
+            spec = _node_types().get(name)
+            if spec is not None and not spec["source"]:
+                return lambda **params: self.add(name, **params)
+        raise AttributeError(f"'Builder' has no node '{name}' (flowstate.schema() lists them)")
+
+
+def _param_doc(spec):
+    lines = [spec["doc"], ""]
+    for p in spec["params"]:
+        default = "required" if p["required"] else (
+            f"default {p['default']!r}" if p["default"] is not None else p["default_doc"] or "unset")
+        lines.append(f"  {p['name']} ({p['type']}; {default}): {p['doc']}")
+    return "\n".join(lines)
+
+
+def _generate():
+    """Builder methods and module-level source functions, one per registered node type."""
+    for spec in _C.schema():
+        t = spec["type"]
+        if spec["source"]:
+            def start(_t=t, **params):
+                return Builder()._set_source(_t, params)
+            start.__name__ = start.__qualname__ = t
+            start.__doc__ = f"Starts a builder with the `{t}` source: " + _param_doc(spec)
+            globals()[t] = start
+            __all__.append(t)
+        elif t not in ("map", "filter"):
+            def method(self, _t=t, **params):
+                return self.add(_t, **params)
+            method.__name__ = method.__qualname__ = t
+            method.__doc__ = _param_doc(spec)
+            setattr(Builder, t, method)
+
+
+_generate()
+
+
+def from_sequence(seq, name=None, collate=None):
+    """A builder whose source is `seq`, anything with __len__ and __getitem__ (items of any
+    type): resumes in O(1) by index; shuffle and shard apply. `collate(list_of_items)` makes
+    a batch (default: default_collate). `name` stands for the data in the fingerprint."""
+    if not name:
+        raise ConfigError("from_sequence needs name=...: a Python sequence cannot be hashed, so "
+                          "its name stands for the data in the fingerprint")
+    b = Builder()
+    ref = b._python_ref(_PythonNode("sequence", obj=seq, name=name, length=len(seq),
+                                    collate=collate or default_collate))
+    b._value_name = name
+    return b._set_source("iterable", {"ref": ref})
+
+
+def from_iterable(factory, name=None, collate=None, size=None, resumable=None):
+    """A builder whose source is the iterable `factory()` returns (or `factory(epoch)` when it
+    takes an argument), made afresh every epoch. When that object has state_dict() and
+    load_state_dict(), a resume is exact through them (the state is pickled into every
+    batch's stamp: keep it small); otherwise a resume replays the epoch from its start (a
+    warning says so). `resumable` overrides the detection, which calls the factory once.
+    `size`: items per epoch, when known."""
+    if not name:
+        raise ConfigError("from_iterable needs name=...: an iterable cannot be hashed, so its "
+                          "name stands for the data in the fingerprint")
+    takes_epoch = _takes_an_argument(factory)
+    if resumable is None:
+        probe = factory(0) if takes_epoch else factory()
+        resumable = hasattr(probe, "state_dict") and hasattr(probe, "load_state_dict")
+        del probe
+    b = Builder()
+    ref = b._python_ref(_PythonNode("iterable", obj=factory, name=name, size=size,
+                                    takes_epoch=takes_epoch, resumable=bool(resumable),
+                                    collate=collate or default_collate))
+    b._value_name = name
+    return b._set_source("iterable", {"ref": ref})
+
+
+# ---- batches and the loader ----
+
+class BatchInfo(collections.namedtuple("BatchInfo", [
+        "step", "epoch", "index_in_epoch", "batches_in_epoch", "is_last_in_epoch",
+        "num_samples", "remainder"])):
+    """What a trainer needs to know about a batch, known before it is handed out (read-only):
+    step (global: counts every scheduled batch, across epochs and restarts), epoch (0-based),
+    index_in_epoch (0-based position in the epoch's schedule), batches_in_epoch (None when
+    unknown), is_last_in_epoch (no later batch of this epoch will be delivered), num_samples,
+    remainder (valid samples of a short last batch; 0 when full)."""
+    __slots__ = ()
+
+
+class Batch(Mapping):
+    """A read-only mapping field name -> torch.Tensor. Tensor fields share flowstate's buffer
+    (DLPack: no copy; the buffer lives as long as any tensor viewing it). For a Python source,
+    `value` is what collate returned; a dict is the mapping, anything else is the one field
+    named after the source."""
+
+    __slots__ = ("info", "value", "_fields")
+
+    def __init__(self, info, fields, value):
+        self.info = info
+        self.value = value
+        self._fields = fields
+
+    def __getitem__(self, key):
+        return self._fields[key]
+
+    def __iter__(self):
+        return iter(self._fields)
+
+    def __len__(self):
+        return len(self._fields)
+
+    def __repr__(self):
+        return f"<flowstate.Batch step={self.info.step} fields={list(self._fields)}>"
+
+
+class Loader:
+    """Runs a Pipeline: an iterable of Batch over `epochs` epochs (default: the document's;
+    0 runs forever). `workers` and `prefetch` never change the batches, so a state saved
+    with one count restores with another. Waiting for a batch releases the GIL."""
+
+    def __init__(self, pipeline, epochs=None, workers=None, prefetch=None):
+        if isinstance(pipeline, Builder):
+            pipeline = pipeline.build()
+        self.pipeline = pipeline
+        self.epochs = pipeline.epochs if epochs is None else epochs
+        self._native = _C.Loader(pipeline._native, self.epochs, workers, prefetch)
+        self._len = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        parts = self._native.next()
+        if parts is None:
+            raise StopIteration
+        info, fields, value = parts
+        if value is not None:
+            fields = dict(value) if isinstance(value, Mapping) else {self.pipeline._value_name: value}
+        return Batch(BatchInfo._make(info), fields, value)
+
+    def __len__(self):
+        """Batches the run schedules (epochs x batches per epoch), when the epoch's length is
+        known. The first call assembles one batch on a separate loader to learn it."""
+        if self._len is None:
+            if self.epochs == 0:
+                raise TypeError("len() of a loader that runs forever (epochs=0)")
+            probe = _C.Loader(self.pipeline._native, 1, 1, 1)
+            parts = probe.next()
+            del probe
+            per_epoch = 0 if parts is None else BatchInfo._make(parts[0]).batches_in_epoch
+            if per_epoch is None:
+                raise TypeError("len() of a loader whose epoch length is unknown (a source of "
+                                "unknown size, a filter, pack or mix)")
+            self._len = self.epochs * per_epoch
+        return self._len
+
+    # -- state --
+    def state(self):
+        """The encoded state after the last batch received (bytes)."""
+        return self._native.state()
+
+    def load_state(self, state):
+        self._native.load_state(bytes(state))
+
+    def state_dict(self):
+        """A small picklable dict (torchdata StatefulDataLoader's contract): the state after the
+        last batch received, plus readable fields. Store it with torch.save next to the model
+        and optimizer; load_state_dict() on a loader of the same pipeline continues with the
+        next batch exactly, with any number of workers."""
+        d = {"version": STATE_DICT_VERSION, "state": self._native.state()}
+        d.update(self._native.state_fields())
+        return d
+
+    def load_state_dict(self, state_dict):
+        """Continues from state_dict(). Raises CheckpointError naming what differs when it was
+        saved by a pipeline whose output differs, or what is missing when it is not one."""
+        if not isinstance(state_dict, Mapping):
+            raise CheckpointError(f"state_dict: expected a dict, got {type(state_dict).__name__}")
+        for key in ("version", "state", "fingerprint"):
+            if key not in state_dict:
+                raise CheckpointError(f"state_dict: missing '{key}' (not a flowstate state_dict)")
+        if state_dict["version"] != STATE_DICT_VERSION:
+            raise CheckpointError(f"state_dict: version {state_dict['version']} is not "
+                                  f"{STATE_DICT_VERSION}; upgrade flowstate")
+        # The encoded state carries the canonical description: a different pipeline is
+        # refused there, with every differing field named.
+        self._native.load_state(bytes(state_dict["state"]))
+
+    def skip(self, first, last):
+        """Drops steps [first, last] (inclusive) without reading them; part of the state."""
+        self._native.skip(first, last)
+
+    def save_checkpoint(self, directory, keep=3, overwrite=False):
+        """Writes the state as a checkpoint under `directory` (atomic, three fsyncs); returns
+        the step directory. keep: newest checkpoints kept (0: all)."""
+        return self._native.save_checkpoint(os.fspath(directory), keep, overwrite)
+
+    def restore(self, directory):
+        """Continues from the newest checkpoint under `directory` that verifies; returns
+        {path, step, skipped} or None for a fresh start (no evidence of checkpoints)."""
+        return self._native.restore(os.fspath(directory))
+
+    def stats(self):
+        """Where time went: per-stage items and busy time, consumer and graph waits."""
+        return self._native.stats()
+
+    @property
+    def fingerprint(self):
+        return self._native.fingerprint
+
+    def close(self):
+        """Stops the graph now (also mid-epoch). Tensors handed out stay valid."""
+        self._native = None
+
+
+class GradientAccumulator:
+    """Gradient accumulation over `steps` batches per optimizer step: sync_gradients(batch)
+    is true at every steps-th batch of an epoch and at the epoch's last batch (a short window
+    is stepped, not carried over). A pure function of batch.info, so it stays right after a
+    resume in the middle of a window. `batch_size` (the batch node's) makes loss_scale and
+    step_scale exact for a short last batch."""
+
+    def __init__(self, steps, batch_size=1):
+        self.steps = steps
+        self._native = _C.GradientAccumulator(steps, batch_size)
+
+    @staticmethod
+    def _info(batch):
+        info = batch.info if isinstance(batch, Batch) else batch
+        return info.index_in_epoch, info.is_last_in_epoch, info.num_samples
+
+    def sync_gradients(self, batch):
+        """True when the optimizer steps after this batch (a Batch or its BatchInfo)."""
+        return self._native.step_after(*self._info(batch))
+
+    def loss_scale(self, batch):
+        """Factor for this batch's mean loss: num_samples / (steps * batch_size)."""
+        return self._native.loss_scale(*self._info(batch))
+
+    def step_scale(self, batch):
+        """Factor for the accumulated gradients before the step: 1 for a full window."""
+        return self._native.step_scale(*self._info(batch))

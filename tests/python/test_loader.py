@@ -1,0 +1,132 @@
+"""The Loader: batches as torch tensors through DLPack, batch.info, state_dict, checkpoints."""
+import gc
+import pickle
+
+import flowstate
+import numpy as np
+import pytest
+import torch
+from conftest import RECORD_BYTES, record
+
+
+def index_of(row):
+    return int(np.frombuffer(row[:4].numpy().tobytes(), dtype=np.uint32)[0])
+
+
+def test_batches_hold_the_records_bytes(records_doc):
+    loader = flowstate.Loader(flowstate.Pipeline.from_dict(records_doc))
+    seen = []
+    for b in loader:
+        t = b["data"]
+        assert isinstance(t, torch.Tensor) and t.dtype == torch.uint8
+        assert list(b) == ["data"] and dict(b)["data"] is not None
+        for row in t:
+            i = index_of(row)
+            assert np.array_equal(row.numpy(), record(i))
+            seen.append(i)
+    assert sorted(seen) == list(range(2000))
+
+
+def test_batch_info(records_doc):
+    batches = list(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc), epochs=2))
+    assert len(batches) == 126
+    last = batches[62].info
+    assert (last.step, last.epoch, last.index_in_epoch, last.batches_in_epoch) == (62, 0, 62, 63)
+    assert last.is_last_in_epoch and last.num_samples == 16 and last.remainder == 16
+    nxt = batches[63].info
+    assert (nxt.step, nxt.epoch, nxt.index_in_epoch, nxt.is_last_in_epoch) == (63, 1, 0, False)
+
+
+def test_len_is_known_for_a_sized_pipeline(records_doc):
+    assert len(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc), epochs=3)) == 189
+
+
+def test_batch_is_a_read_only_mapping(records_doc):
+    b = next(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc)))
+    with pytest.raises(TypeError):
+        b["data"] = torch.zeros(1)
+    assert "data" in b and len(b) == 1
+
+
+def test_a_view_arrives_with_its_own_bytes():
+    # A tensor 24 bytes into its buffer (a slice, a crop, a user's view). torch 1.13 ignores
+    # DLPack's byte_offset, so the export must point at the view itself.
+    data = bytes(range(64))
+    t = flowstate._flowstate._export_view_for_test(data, 24, [2, 4])
+    assert t.shape == (2, 4) and t.dtype == torch.uint8
+    assert t.flatten().tolist() == list(range(24, 32))
+    u = flowstate._flowstate._export_view_for_test(data, 60, [4])
+    assert u.tolist() == [60, 61, 62, 63]
+
+
+def test_tensors_share_the_buffer_and_outlive_the_loader(records_doc):
+    loader = flowstate.Loader(flowstate.Pipeline.from_dict(records_doc))
+    b = next(loader)
+    t = b["data"]
+    again = b["data"]
+    assert t.data_ptr() == again.data_ptr()  # one buffer, no copy per access
+    expected = t.clone()
+    del b, loader
+    gc.collect()
+    # Other loaders reuse pooled memory: the kept tensor must still hold its own bytes.
+    for _ in flowstate.Loader(flowstate.Pipeline.from_dict(records_doc)):
+        pass
+    assert torch.equal(t, expected)
+
+
+def drain(loader):
+    return [(b.info.step, b["data"].clone()) for b in loader]
+
+
+@pytest.mark.parametrize("cut", [0, 1, 30, 62, 63, 100])
+def test_state_dict_restores_the_next_batch_exactly(records_doc, cut):
+    p = flowstate.Pipeline.from_dict(dict(records_doc, nodes=[
+        {"shuffle": {"mode": "buffer", "size": 100}}, {"batch": {"size": 32}}]))
+    reference = drain(flowstate.Loader(p, epochs=2))
+    first = flowstate.Loader(p, epochs=2, workers=1)
+    for _ in range(cut):
+        next(first)
+    sd = pickle.loads(pickle.dumps(first.state_dict()))
+    assert sd["step"] == cut and sd["fingerprint"] == p.fingerprint
+    assert len(sd["state"]) < 1024
+    del first
+    second = flowstate.Loader(p, epochs=2, workers=3)  # another worker count
+    second.load_state_dict(sd)
+    rest = drain(second)
+    assert [s for s, _ in rest] == [s for s, _ in reference[cut:]]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, reference[cut:]))
+
+
+def test_a_mismatched_pipeline_is_refused_naming_the_field(records_doc):
+    p = flowstate.Pipeline.from_dict(records_doc)
+    loader = flowstate.Loader(p)
+    next(loader)
+    sd = loader.state_dict()
+    other = flowstate.Loader(flowstate.Pipeline.from_dict(records_doc, overrides={"batch.size": 16}))
+    with pytest.raises(flowstate.CheckpointError, match="batch.size: 32 in checkpoint, 16 now"):
+        other.load_state_dict(sd)
+    with pytest.raises(flowstate.CheckpointError, match="missing 'state'"):
+        other.load_state_dict({"version": 1, "fingerprint": 1})
+
+
+def test_skip_checkpoint_restore_and_stats(tmp_path, records_doc):
+    p = flowstate.Pipeline.from_dict(records_doc)
+    reference = drain(flowstate.Loader(p))
+    loader = flowstate.Loader(p)
+    loader.skip(3, 5)
+    got = [next(loader).info.step for _ in range(4)]
+    assert got == [0, 1, 2, 6]
+    path = loader.save_checkpoint(tmp_path / "ck", keep=3)
+    assert path.endswith("step-000000000007")
+    stats = loader.stats()
+    assert {s["name"] for s in stats["stages"]} >= {"spine", "assemble"}
+    resumed = flowstate.Loader(p)
+    found = resumed.restore(tmp_path / "ck")
+    assert found["step"] == 7
+    rest = drain(resumed)
+    assert [s for s, _ in rest] == list(range(7, 63))
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, reference[7:]))
+    assert flowstate.Loader(p).restore(tmp_path / "empty") is None
+    (tmp_path / "bad" / "step-000000000001.tmp").mkdir(parents=True)
+    with pytest.raises(flowstate.CheckpointError):
+        flowstate.Loader(p).restore(tmp_path / "bad")
