@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <memory>
@@ -24,17 +25,33 @@
 #include <string_view>
 
 #include "core/batch.h"
+#include "graph/metrics.h"
 #include "graph/pipeline.h"
 #include "serialization/checkpoint.h"
 #include "serialization/pipeline_state.h"
 
 namespace flowstate {
 
+namespace detail {
+struct LoaderObserver;
+}
+
 /// Run parameters of a Loader. None of them changes the batches produced.
 struct LoaderOptions {
   std::uint64_t epochs = 1;             ///< epochs to run; 0 runs forever
   std::optional<int> workers;           ///< overrides the pipeline's batch-assembly workers
   std::optional<std::size_t> prefetch;  ///< overrides the pipeline's prefetch depth
+  /// Writes a timeline of the run to this file (Chrome trace-event JSON; graph/trace.h) when
+  /// not empty. Closed when the Loader is destroyed.
+  std::string trace;
+  /// Appends a JSON line of metrics (graph/metrics.h) to this file every metrics_interval_s,
+  /// when not empty.
+  std::string metrics;
+  /// Called with each metrics sample, on the consumer's thread inside next().
+  std::function<void(const MetricsSample&)> on_metrics;
+  /// Seconds between metrics samples. A sample is taken by next(), so a consumer that
+  /// stops calling it gets none meanwhile.
+  double metrics_interval_s = 1.0;
 };
 
 /// Where time went in a running Loader, for finding the bottleneck. Counters accumulate over
@@ -48,6 +65,30 @@ struct LoaderStats {
     int concurrency = 1;        ///< workers running the stage
   };
   std::vector<Stage> stages;
+  /// One node of the pipeline (mix inputs' nodes are named "mix[0]/lines").
+  struct Node {
+    std::string name;           ///< "records", "shuffle", "map:augment" (see stats_name)
+    std::string type;           ///< "map"
+    std::string stage;          ///< where most of its work runs: "spine", "assemble", "deliver"
+    int threads = 1;            ///< threads of that stage (the workers for "assemble")
+    std::uint64_t calls = 0;    ///< pulls (spine) or batches (assembly, deliver)
+    std::uint64_t items = 0;    ///< Refs out of its pulls, or samples it worked on
+    std::uint64_t bytes = 0;    ///< bytes of what it made (records read, samples mapped, batches)
+    std::uint64_t busy_ns = 0;  ///< its own time, summed over threads (all stages)
+    std::uint64_t spine_ns = 0, assemble_ns = 0, deliver_ns = 0;  ///< busy_ns by stage
+    /// Time waiting on its input: a spine node's time inside its upstream's pulls; for the
+    /// assembly and deliver, the idle time of the stage's threads (nothing planned yet).
+    std::uint64_t wait_input_ns = 0;
+    /// Time waiting on its output: for spine nodes, the spine held back by the in-flight
+    /// limit (every slot taken); the assembly and deliver never wait on their output.
+    std::uint64_t wait_output_ns = 0;
+  };
+  std::vector<Node> nodes;
+  /// Time since the graph started (0 before the first next()).
+  std::uint64_t elapsed_ns = 0;
+  /// Time the consumer spent outside next() (its own work between batches).
+  std::uint64_t consumer_busy_ns = 0;
+  std::size_t in_flight = 0;  ///< batches planned and not yet taken by the consumer
   /// next() calls that found no batch ready: the pipeline was slower than the consumer.
   std::uint64_t consumer_waits = 0;
   /// Time next() spent waiting for a batch.
@@ -154,6 +195,9 @@ class Loader {
  private:
   class Runtime;
   class AsyncSaves;
+  struct Metrics;
+  /// Takes a metrics sample (LoaderOptions::metrics, on_metrics) at `now` (stats_now_ns).
+  void sample_metrics(std::int64_t now);
   /// Throws the error of a failed async save, once.
   void rethrow_failed_save();
   void rebuild(const PipelineState& state);
@@ -164,7 +208,12 @@ class Loader {
   LoaderOptions options_;
   std::vector<CanonicalParam> canonical_;
   std::uint64_t fingerprint_ = 0;
+  /// Tracer and checkpoint timings, shared with checkpoint writer threads.
+  std::shared_ptr<detail::LoaderObserver> observer_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Runtime> runtime_;
+  std::int64_t last_return_ns_ = 0;  ///< when next() last returned
+  std::uint64_t consumer_busy_ns_ = 0;
   Stamp last_stamp_;
   std::optional<std::uint64_t> last_step_;
   std::optional<std::uint64_t> last_epoch_;
