@@ -62,7 +62,14 @@ const char* colour(std::size_t i) {
   return k[i % (sizeof(k) / sizeof(k[0]))];
 }
 
-constexpr double kW = 900, kH = 260, kL = 60, kR = 20, kT = 20, kB = 36;
+/// An axis label: 1.29M, 969k, 0.25.
+std::string tick(double v) {
+  if (v >= 1e6) return num(v * 1e-6, "%.3gM");
+  if (v >= 1e3) return num(v * 1e-3, "%.3gk");
+  return num(v, "%.3g");
+}
+
+constexpr double kW = 900, kH = 260, kL = 64, kR = 20, kT = 20, kB = 36;
 
 struct Axes {
   double t0, t1, y1;
@@ -77,15 +84,15 @@ std::string frame(const Axes& a, const std::string& ylabel) {
     << kH - kT - kB << "' fill='none' stroke='#ccc'/>";
   for (int i = 0; i <= 4; ++i) {
     const double v = a.y1 * i / 4, t = a.t0 + (a.t1 - a.t0) * i / 4;
-    o << "<text x='" << kL - 6 << "' y='" << num(a.y(v) + 4) << "' text-anchor='end'>"
-      << num(v, "%.3g") << "</text>";
+    o << "<text x='" << kL - 6 << "' y='" << num(a.y(v) + 4) << "' text-anchor='end'>" << tick(v)
+      << "</text>";
     o << "<line x1='" << kL << "' x2='" << kW - kR << "' y1='" << num(a.y(v)) << "' y2='"
       << num(a.y(v)) << "' stroke='#eee'/>";
     o << "<text x='" << num(a.x(t)) << "' y='" << kH - kB + 16 << "' text-anchor='middle'>"
       << num(t, "%.3g") << "</text>";
   }
   o << "<text x='" << kW / 2 << "' y='" << kH - 4 << "' text-anchor='middle'>seconds</text>";
-  o << "<text x='14' y='" << (kT + kH - kB) / 2 << "' transform='rotate(-90 14 "
+  o << "<text x='12' y='" << (kT + kH - kB) / 2 << "' transform='rotate(-90 12 "
     << (kT + kH - kB) / 2 << ")' text-anchor='middle'>" << esc(ylabel) << "</text>";
   return o.str();
 }

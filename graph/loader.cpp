@@ -547,6 +547,20 @@ Loader::Loader(Pipeline pipeline, LoaderOptions options)
 }
 
 Loader::~Loader() {
+  // A last metrics line for what happened since the previous one (the end of the data, the
+  // last checkpoints).
+  if (metrics_) {
+    bool pending = metrics_->samples > 0;
+    {
+      std::lock_guard lock(observer_->mu);
+      pending = pending || !observer_->checkpoints.empty();
+    }
+    try {
+      if (pending) sample_metrics(stats_now_ns());
+    } catch (...) {
+      // A destructor does not throw; the callback's error is dropped.
+    }
+  }
   // The graph stops before the tracer closes its file (the tracer outlives every runtime).
   runtime_.reset();
 }

@@ -47,7 +47,8 @@ struct LoaderOptions {
   /// Appends a JSON line of metrics (graph/metrics.h) to this file every metrics_interval_s,
   /// when not empty.
   std::string metrics;
-  /// Called with each metrics sample, on the consumer's thread inside next().
+  /// Called with each metrics sample, on the consumer's thread inside next() (and once more
+  /// from the Loader's destructor, for what happened since the last sample).
   std::function<void(const MetricsSample&)> on_metrics;
   /// Seconds between metrics samples. A sample is taken by next(), so a consumer that
   /// stops calling it gets none meanwhile.

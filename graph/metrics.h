@@ -12,6 +12,7 @@
 // one; the assembly: the workers; deliver: one), 0..1. `consumer_wait` is the share of the
 // interval the consumer spent waiting in next(). `checkpoints` lists the checkpoints that
 // committed during the interval (async or not), with each phase's duration.
+// The Loader writes a last line when it is destroyed, for what happened since the previous one.
 #pragma once
 
 #include <cstdint>

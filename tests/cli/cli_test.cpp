@@ -295,7 +295,11 @@ TEST_F(Cli, BenchTraceShowsTheNodeTheVerdictNames) {
   const std::string node = verdict.substr(0, verdict.find(" — "));
   const auto& group = verdict.find("in the spine") != std::string::npos ? spine : workers;
   ASSERT_TRUE(group.count(node)) << node << " has no spans where the verdict puts it";
-  for (const auto& [name, us] : group) EXPECT_LE(us, group.at(node)) << name << " vs " << node;
+  // The trace covers the first batch too, the verdict only the timed part: nodes within a few
+  // percent of each other may swap, so the verdict's node must be within 20% of the busiest.
+  double most = 0;
+  for (const auto& [name, us] : group) most = std::max(most, us);
+  EXPECT_GE(group.at(node), 0.8 * most) << node << " in " << r.out;
 }
 
 TEST_F(Cli, RunWritesMetricsAndTraceAndReportPlotsThem) {
@@ -313,7 +317,7 @@ TEST_F(Cli, RunWritesMetricsAndTraceAndReportPlotsThem) {
     checkpoints += j["checkpoints"].size();
     EXPECT_TRUE(j["busy"].contains("map:random_crop")) << l;
   }
-  EXPECT_GE(checkpoints, 2u);  // steps 100, 200 (and the end)
+  EXPECT_EQ(checkpoints, 3u);  // steps 100, 200 and the end (250)
   EXPECT_NO_THROW((void)nlohmann::json::parse(read_file(path("t.json"))));
 
   CliResult rep = run({"report", "m.jsonl", "--trace", "t.json", "-o", "report.html"});
