@@ -400,15 +400,19 @@ class Loader::Runtime {
     const std::uint32_t track = tracer_ != nullptr ? tracer_->worker_track() : 0;
     Tracer::Event events[16];
     std::size_t n_events = 0;
+    // Stages alternate chunk by chunk: the spans are each stage's summed time in the batch,
+    // laid end to end from the batch's start.
+    std::int64_t at = times.begin_ns;
     for (std::size_t k = 0; k < times.stages.size() && k < assembly_nodes_.size(); ++k) {
       const AssemblyTimes::Stage& st = times.stages[k];
       NodeCounters* node = assembly_nodes_[k];
-      if (node == nullptr || (st.items == 0 && st.end_ns == st.begin_ns)) continue;
-      node->add(NodeStage::kAssemble, static_cast<std::uint64_t>(st.end_ns - st.begin_ns), st.items,
-                st.bytes);
+      if (node == nullptr || (st.items == 0 && st.ns == 0)) continue;
+      node->add(NodeStage::kAssemble, st.ns, st.items, st.bytes);
       if (tracer_ != nullptr) {
         Tracer::Event& e = events[n_events++];
-        e = {st.begin_ns, st.end_ns - st.begin_ns, step, epoch, 0, track, node->trace_id};
+        e = {at, static_cast<std::int64_t>(st.ns), step, epoch, 0, track, node->trace_id};
+        e.summed = true;
+        at += e.dur_ns;
         if (n_events == std::size(events)) {
           tracer_->add(events, n_events);
           n_events = 0;

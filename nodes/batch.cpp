@@ -250,18 +250,25 @@ std::uint64_t batch_field_bytes(const Batch& b) {
 }  // namespace
 
 void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes* times) const {
-  // Timing is per stage over the whole batch (two clock reads per stage and batch), so the
-  // stages run one after another: every record is read, then each map runs over every sample.
-  // The outputs are the same as sample by sample: each map sees one sample and its own
-  // generator.
+  // Timing is per stage and chunk of samples: the samples of a chunk are read, then each map
+  // runs over the chunk. A chunk of 16 keeps the samples in cache between stages (as sample by
+  // sample did) at a few clock reads per chunk instead of per sample. Outputs are the same in
+  // any order: each map sees one sample and its own generator.
+  constexpr std::size_t kChunk = 16;
   std::int64_t t = times != nullptr ? now_ns() : 0;
   auto mark = [&](std::size_t stage, std::uint64_t items, std::uint64_t bytes) {
     if (times == nullptr) return;
     const std::int64_t end = now_ns();
-    times->stages[stage] = {t, end, items, bytes};
+    AssemblyTimes::Stage& st = times->stages[stage];
+    st.ns += static_cast<std::uint64_t>(end - t);
+    st.items += items;
+    st.bytes += bytes;
     t = end;
   };
-  if (times != nullptr) times->stages.assign(stage_count(), AssemblyTimes::Stage{});
+  if (times != nullptr) {
+    times->begin_ns = t;
+    times->stages.assign(stage_count(), AssemblyTimes::Stage{});
+  }
   const std::size_t n = plan.info.refs.size();
   if (sample_stages_.empty() && store_->record_bytes() > 0 &&
       options_.collate == CollateMode::kStack) {
@@ -273,31 +280,33 @@ void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes*
     mark(0, n, n * store_->record_bytes());
   } else {
     std::vector<Sample> samples(n);
-    std::uint64_t read_bytes = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      try {
-        store_->read(plan.info.refs[i], samples[i]);
-      } catch (...) {
-        rethrow_with_node(std::current_exception(), store_name_);
-      }
-      if (times != nullptr) read_bytes += sample_bytes(samples[i]);
-    }
-    mark(0, n, read_bytes);
-    for (std::size_t k = 0; k < sample_stages_.size(); ++k) {
-      const SampleStage& stage = sample_stages_[k];
-      std::uint64_t out_bytes = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const Ref& ref = plan.info.refs[i];
-        MapContext ctx{plan.info.epoch,
-                       ElementRng(stage.key, element_stream(plan.info.epoch, ref))};
+    for (std::size_t c0 = 0; c0 < n; c0 += kChunk) {
+      const std::size_t c1 = std::min(n, c0 + kChunk);
+      std::uint64_t bytes = 0;
+      for (std::size_t i = c0; i < c1; ++i) {
         try {
-          stage.fn(samples[i], ctx);
+          store_->read(plan.info.refs[i], samples[i]);
         } catch (...) {
-          rethrow_with_node(std::current_exception(), stage.name);
+          rethrow_with_node(std::current_exception(), store_name_);
         }
-        if (times != nullptr) out_bytes += sample_bytes(samples[i]);
+        if (times != nullptr) bytes += sample_bytes(samples[i]);
       }
-      mark(1 + k, n, out_bytes);
+      mark(0, c1 - c0, bytes);
+      for (std::size_t k = 0; k < sample_stages_.size(); ++k) {
+        const SampleStage& stage = sample_stages_[k];
+        bytes = 0;
+        for (std::size_t i = c0; i < c1; ++i) {
+          MapContext ctx{plan.info.epoch,
+                         ElementRng(stage.key, element_stream(plan.info.epoch, plan.info.refs[i]))};
+          try {
+            stage.fn(samples[i], ctx);
+          } catch (...) {
+            rethrow_with_node(std::current_exception(), stage.name);
+          }
+          if (times != nullptr) bytes += sample_bytes(samples[i]);
+        }
+        mark(1 + k, c1 - c0, bytes);
+      }
     }
     try {
       batch = collate(plan, samples);

@@ -216,13 +216,14 @@ class MappedReader final : public SampleReader {
 /// Where BatchAssembler::assemble spent one batch's time, stage by stage, for the runtime's
 /// accounting and trace. Stages: 0 reading the store's records (with the fast path's gather
 /// into the batch), 1..k the per-sample maps in order, k+1 collation (the batch node), then
-/// the batch maps in order. A stage that did not run has items == 0 and begin == end.
+/// the batch maps in order. A stage that did not run has items == 0 and ns == 0.
 struct AssemblyTimes {
   struct Stage {
-    std::int64_t begin_ns = 0, end_ns = 0;  ///< steady_clock, since its epoch
-    std::uint64_t items = 0;                ///< samples it worked on
-    std::uint64_t bytes = 0;                ///< bytes it produced (read: record bytes)
+    std::uint64_t ns = 0;     ///< time in the stage (summed over the chunks of the batch)
+    std::uint64_t items = 0;  ///< samples it worked on
+    std::uint64_t bytes = 0;  ///< bytes it produced (read: record bytes)
   };
+  std::int64_t begin_ns = 0;  ///< when the batch's assembly started (steady_clock)
   std::vector<Stage> stages;
 };
 
@@ -235,7 +236,7 @@ class BatchAssembler {
                  std::vector<SampleStage> sample_stages, std::vector<BatchStage> batch_stages,
                  std::shared_ptr<BufferPool> pool);
   /// Reads, maps and collates one planned batch. Errors carry the failing node's name. With
-  /// `times`, records when each stage ran (stages run one after another over the whole batch).
+  /// `times`, records the time of each stage.
   Batch assemble(BatchPlan plan, AssemblyTimes* times = nullptr) const;
   /// Number of stages in AssemblyTimes: read, the sample maps, collate, the batch maps.
   std::size_t stage_count() const { return 2 + sample_stages_.size() + batch_stages_.size(); }
