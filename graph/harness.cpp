@@ -379,22 +379,31 @@ std::string bottleneck(const BenchReport& r) {
                   static_cast<unsigned long long>(run->consumer_waits));
     return line;
   }
-  const StageReport* busiest = nullptr;
-  for (const auto& s : run->stages)
-    if (busiest == nullptr || s.utilization > busiest->utilization) busiest = &s;
-  if (busiest == nullptr) return "";
-  // The node with the most own time in that stage.
-  const auto in_stage = [&](const NodeReport& n) {
-    if (busiest->name == "spine") return n.spine_s;
-    if (busiest->name == "assemble") return n.assemble_s;
+  // The busiest stage in which some node works (without device_copy, deliver only hands
+  // batches over: its time is the hand-off's, under load mostly preemption), and in it the
+  // node with the most own time.
+  const auto in_stage = [](const StageReport& stage, const NodeReport& n) {
+    if (stage.name == "spine") return n.spine_s;
+    if (stage.name == "assemble") return n.assemble_s;
     return n.deliver_s;
   };
+  const StageReport* busiest = nullptr;
   const NodeReport* node = nullptr;
-  for (const auto& n : run->nodes)
-    if (in_stage(n) > 0 && (node == nullptr || in_stage(n) > in_stage(*node))) node = &n;
+  for (const auto& s : run->stages) {
+    const NodeReport* top = nullptr;
+    for (const auto& n : run->nodes)
+      if (in_stage(s, n) > 0 && (top == nullptr || in_stage(s, n) > in_stage(s, *top))) top = &n;
+    if (top == nullptr && !run->nodes.empty()) continue;
+    if (busiest == nullptr || s.utilization > busiest->utilization) {
+      busiest = &s;
+      node = top;
+    }
+  }
+  if (busiest == nullptr) return "";
+  const auto in_busiest = [&](const NodeReport& n) { return in_stage(*busiest, n); };
   const int threads = std::max(1, busiest->concurrency);
   const double share =
-      node != nullptr && run->seconds > 0 ? in_stage(*node) / (run->seconds * threads) : 0;
+      node != nullptr && run->seconds > 0 ? in_busiest(*node) / (run->seconds * threads) : 0;
   const std::string name = node != nullptr ? node->name : busiest->name;
   const int pct = static_cast<int>(share * 100 + 0.5);
   const int stage_pct = static_cast<int>(busiest->utilization * 100 + 0.5);

@@ -119,10 +119,11 @@ std::string format_report(const BenchReport& report);
 
 /// Where the median run's time went, in one line. "bottleneck: the consumer — the graph
 /// waited on it N times, it on the graph M" when the graph waited on the consumer more often
-/// than the other way round; else the busiest stage (spine, assembly workers, deliver) and in
-/// it the node with the most own time: "bottleneck: map:augment — 71% busy on 2 workers (the
-/// workers 94%); more workers would help" or "bottleneck: filter:length — 80% of the spine
-/// (serial, 97% busy); more workers would not help". "" when there was no timed run.
+/// than the other way round; else the busiest stage in which a node works (spine, assembly
+/// workers, deliver with device_copy) and in it the node with the most own time: "bottleneck:
+/// map:augment — 71% busy on 2 workers (the workers 94%); more workers would help" or "bottleneck:
+/// filter:length — 80% of the spine (serial, 97% busy); more workers would not help". "" when there
+/// was no timed run.
 std::string bottleneck(const BenchReport& report);
 
 /// The run whose samples/s is the median (the one format_report details); null when none.

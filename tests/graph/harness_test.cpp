@@ -47,6 +47,18 @@ TEST(BenchHarness, SaysMoreWorkersWouldNotHelpASerialSpine) {
             "not help");
 }
 
+TEST(BenchHarness, PassesOverADeliverStageWhereNoNodeWorks) {
+  // Without device_copy, deliver only hands batches over; a busy hand-off is not a node.
+  RunReport run = map_heavy_run();
+  run.stages[2].utilization = 0.99;
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: map:augment — 71% busy on 2 workers (the workers 94% busy); more workers "
+            "would help");
+  run.nodes.push_back({.name = "device_copy", .stage = "deliver", .deliver_s = 9.0});
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: device_copy — 90% busy in deliver (serial, 99% busy)");
+}
+
 TEST(BenchHarness, PrintsOneVerdictAndATableOfEveryNode) {
   const std::string text = format_report(report_of(map_heavy_run()));
   for (const char* node : {"\nrecords ", "\nshuffle ", "\nmap:augment ", "\nbatch ", "\nconsumer "})
