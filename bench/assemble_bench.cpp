@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "bench/bench_data.h"
-#include "nodes/batch.h"
-#include "nodes/sources/records.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/sources/records.h"
 
 namespace flowstate::bench {
 namespace {

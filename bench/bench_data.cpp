@@ -13,8 +13,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "core/rng.h"
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/core/rng.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 namespace flowstate::bench {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "graph/pipeline.h"
+#include "flowstate/graph/pipeline.h"
 
 namespace flowstate::bench {
 

@@ -14,7 +14,7 @@
 #include <map>
 
 #include "bench/bench_data.h"
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate::bench {
 namespace {

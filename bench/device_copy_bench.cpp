@@ -14,8 +14,8 @@
 #include <deque>
 #include <string>
 
-#include "core/error.h"
-#include "nodes/device_copy.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/device_copy.h"
 
 namespace flowstate {
 namespace {

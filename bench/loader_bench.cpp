@@ -7,7 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include "bench/bench_data.h"
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate::bench {
 namespace {

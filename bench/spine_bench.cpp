@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "bench/bench_data.h"
-#include "graph/loader.h"
-#include "graph/spine.h"
-#include "nodes/batch.h"
-#include "nodes/shard.h"
-#include "nodes/shuffle.h"
-#include "nodes/sources/records.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/spine.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/shard.h"
+#include "flowstate/nodes/shuffle.h"
+#include "flowstate/nodes/sources/records.h"
 
 namespace flowstate::bench {
 namespace {

@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "bench/bench_data.h"
-#include "core/error.h"
-#include "graph/harness.h"
-#include "graph/loader.h"
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/harness.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

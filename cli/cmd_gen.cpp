@@ -29,10 +29,10 @@
 #include <utility>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "core/fd.h"
-#include "core/rng.h"
-#include "nodes/sources/index_cache.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/fd.h"
+#include "flowstate/core/rng.h"
+#include "flowstate/nodes/sources/index_cache.h"
 
 namespace flowstate::cli {
 namespace {

@@ -5,11 +5,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "config/inspect.h"
-#include "core/error.h"
-#include "core/hash.h"
-#include "serialization/checkpoint.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/config/inspect.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/serialization/checkpoint.h"
+#include "flowstate/serialization/pipeline_state.h"
 
 namespace flowstate::cli {
 namespace {

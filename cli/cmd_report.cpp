@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "graph/metrics.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/metrics.h"
 
 namespace flowstate::cli {
 namespace {

@@ -12,10 +12,10 @@
 #include <future>
 
 #include "cli/command.h"
-#include "core/error.h"
-#include "core/hash.h"
-#include "graph/loader.h"
-#include "nodes/batch.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/batch.h"
 
 namespace flowstate::cli {
 namespace {

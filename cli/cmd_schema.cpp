@@ -1,8 +1,8 @@
 // `flowstate schema`: the registered node types and map transforms with their parameters —
 // documentation derived from the same schemas the YAML loader validates against.
 #include "cli/command.h"
-#include "config/registry.h"
-#include "config/transforms.h"
+#include "flowstate/config/registry.h"
+#include "flowstate/config/transforms.h"
 
 namespace flowstate::cli {
 namespace {

@@ -4,8 +4,8 @@
 // `run` would refuse at start-up (a glob that matches nothing, a decode shape the records do
 // not fit) is refused here with the same message and exit status.
 #include "cli/command.h"
-#include "core/hash.h"
-#include "graph/loader.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate::cli {
 namespace {

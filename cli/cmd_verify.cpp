@@ -4,7 +4,7 @@
 // fresh Loader (with another worker count) that runs on to step N, and every restored batch
 // must equal the reference. This file parses the flags and prints the report.
 #include "cli/command.h"
-#include "graph/verify.h"
+#include "flowstate/graph/verify.h"
 
 namespace flowstate::cli {
 namespace {

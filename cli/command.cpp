@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "config/yaml_support.h"
-#include "core/error.h"
-#include "nodes/device_copy.h"
-#include "serialization/checkpoint.h"
+#include "flowstate/config/yaml_support.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/device_copy.h"
+#include "flowstate/serialization/checkpoint.h"
 
 namespace flowstate::cli {
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config/yaml.h"
+#include "flowstate/config/yaml.h"
 
 namespace flowstate::cli {
 

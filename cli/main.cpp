@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "config/plugins.h"
-#include "config/yaml_support.h"
-#include "core/error.h"
+#include "flowstate/config/plugins.h"
+#include "flowstate/config/yaml_support.h"
+#include "flowstate/core/error.h"
 
 // The command table: adding a command is one line here (plus its cli/cmd_NAME.cpp, which
 // cli/CMakeLists.txt picks up). X(name, one-line summary).

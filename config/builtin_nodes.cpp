@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "config/registry.h"
-#include "config/transforms.h"
-#include "config/yaml.h"
-#include "core/error.h"
-#include "nodes/sources/iterable.h"
+#include "flowstate/config/registry.h"
+#include "flowstate/config/transforms.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/iterable.h"
 
 namespace flowstate {
 namespace {

@@ -1,11 +1,11 @@
-#include "config/inspect.h"
+#include "flowstate/config/inspect.h"
 
 #include <sstream>
 
 #include <cereal/types/string.hpp>
 
-#include "core/error.h"
-#include "core/state.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/state.h"
 
 namespace flowstate {
 namespace {

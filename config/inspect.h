@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "config/registry.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/config/registry.h"
+#include "flowstate/serialization/pipeline_state.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "config/plugins.h"
+#include "flowstate/config/plugins.h"
 
 #include <dlfcn.h>
 
@@ -6,7 +6,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 namespace {

@@ -2,7 +2,7 @@
 // what `flowstate --plugin PATH.so` and a YAML pipeline's top-level `plugins: [path, ...]`
 // load. A plugin exports one C function that registers what it brings:
 //
-//   #include "config/plugins.h"
+//   #include "flowstate/config/plugins.h"
 //   extern "C" void flowstate_register_plugin(flowstate::PluginRegistry& r) {
 //     r.add(take_node());            // a NodeDef (nodes/definition.h)
 //     r.transforms.add({...});       // a TransformSchema (config/transforms.h)
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "config/registry.h"
-#include "config/transforms.h"
+#include "flowstate/config/registry.h"
+#include "flowstate/config/transforms.h"
 
 namespace flowstate {
 

@@ -1,9 +1,9 @@
-#include "config/registry.h"
+#include "flowstate/config/registry.h"
 
 #include <mutex>
 #include <stdexcept>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -22,10 +22,10 @@
 #include <variant>
 #include <vector>
 
-#include "graph/pipeline.h"
-#include "nodes/definition.h"
-#include "nodes/node.h"
-#include "nodes/params.h"
+#include "flowstate/graph/pipeline.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/params.h"
 
 namespace flowstate {
 

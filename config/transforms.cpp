@@ -1,4 +1,4 @@
-#include "config/transforms.h"
+#include "flowstate/config/transforms.h"
 
 #include <functional>
 
@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "core/dtype.h"
-#include "core/rng.h"
+#include "flowstate/core/dtype.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 

@@ -27,9 +27,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/error.h"
-#include "nodes/batch.h"
-#include "nodes/params.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/params.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "config/yaml.h"
+#include "flowstate/config/yaml.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -13,11 +13,11 @@
 #include <set>
 #include <sstream>
 
-#include "config/plugins.h"
-#include "config/registry.h"
-#include "config/transforms.h"
-#include "config/yaml_support.h"
-#include "core/error.h"
+#include "flowstate/config/plugins.h"
+#include "flowstate/config/registry.h"
+#include "flowstate/config/transforms.h"
+#include "flowstate/config/yaml_support.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 namespace {

@@ -1,6 +1,6 @@
 // Helpers of the YAML loader that need no loader state: messages about YAML values, the
 // closest-name suggestion, document counting, integer text and --set overrides.
-#include "config/yaml_support.h"
+#include "flowstate/config/yaml_support.h"
 
 #include <yaml-cpp/eventhandler.h>
 
@@ -8,7 +8,7 @@
 #include <charconv>
 #include <sstream>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate::yaml_support {
 

@@ -1,9 +1,9 @@
-#include "core/batch.h"
+#include "flowstate/core/batch.h"
 
 #include <stdexcept>
 #include <string>
 
-#include "core/hash.h"
+#include "flowstate/core/hash.h"
 
 namespace flowstate {
 

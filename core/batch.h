@@ -13,9 +13,9 @@
 #include <optional>
 #include <vector>
 
-#include "core/ref.h"
-#include "core/sample.h"
-#include "core/state.h"
+#include "flowstate/core/ref.h"
+#include "flowstate/core/sample.h"
+#include "flowstate/core/state.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "core/buffer.h"
+#include "flowstate/core/buffer.h"
 
 #include <cstdlib>
 #include <new>

@@ -1,8 +1,8 @@
-#include "core/collate.h"
+#include "flowstate/core/collate.h"
 
 #include <string>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

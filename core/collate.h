@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/tensor.h"
+#include "flowstate/core/dtype.h"
+#include "flowstate/core/tensor.h"
 
 namespace flowstate {
 

@@ -1,8 +1,8 @@
-#include "core/dtype.h"
+#include "flowstate/core/dtype.h"
 
 #include <array>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 namespace {

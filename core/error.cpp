@@ -1,4 +1,4 @@
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/hash.h"
+#include "flowstate/core/hash.h"
 
 #include <cstdio>
 #include <new>

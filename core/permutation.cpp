@@ -1,6 +1,6 @@
-#include "core/permutation.h"
+#include "flowstate/core/permutation.h"
 
-#include "core/rng.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 

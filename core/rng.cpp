@@ -1,4 +1,4 @@
-#include "core/rng.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "core/sample.h"
+#include "flowstate/core/sample.h"
 
 #include <deque>
 #include <shared_mutex>

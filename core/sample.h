@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/ref.h"
-#include "core/tensor.h"
-#include "core/user_value.h"
+#include "flowstate/core/ref.h"
+#include "flowstate/core/tensor.h"
+#include "flowstate/core/user_value.h"
 
 namespace flowstate {
 

@@ -1,11 +1,11 @@
-#include "core/state.h"
+#include "flowstate/core/state.h"
 
 #include <sstream>
 #include <stdexcept>
 
 #include <cereal/types/string.hpp>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "core/tensor.h"
+#include "flowstate/core/tensor.h"
 
 #include <cstring>
 #include <stdexcept>

@@ -14,8 +14,8 @@
 
 #include <dlpack/dlpack.h>
 
-#include "core/buffer.h"
-#include "core/dtype.h"
+#include "flowstate/core/buffer.h"
+#include "flowstate/core/dtype.h"
 
 namespace flowstate {
 

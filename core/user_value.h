@@ -17,7 +17,7 @@
 #include <cxxabi.h>
 #endif
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -27,10 +27,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "core/error.h"
-#include "graph/accumulate.h"
-#include "graph/loader.h"
-#include "nodes/sources/iterable.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/accumulate.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/iterable.h"
 
 namespace fs = std::filesystem;
 using namespace flowstate;

@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "core/rng.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/rng.h"
+#include "flowstate/graph/loader.h"
 
 namespace fs = std::filesystem;
 using namespace flowstate;

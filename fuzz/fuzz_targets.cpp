@@ -15,12 +15,12 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "config/yaml.h"
-#include "core/error.h"
-#include "graph/loader.h"
-#include "nodes/sources/index_cache.h"
-#include "nodes/sources/lines.h"
-#include "nodes/sources/tar.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/sources/tar.h"
 
 namespace flowstate::fuzz {
 namespace {

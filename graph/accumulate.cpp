@@ -1,8 +1,8 @@
-#include "graph/accumulate.h"
+#include "flowstate/graph/accumulate.h"
 
 #include <string>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -28,7 +28,7 @@
 
 #include <cstdint>
 
-#include "core/batch.h"
+#include "flowstate/core/batch.h"
 
 namespace flowstate {
 

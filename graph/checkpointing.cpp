@@ -10,9 +10,9 @@
 #include <mutex>
 #include <utility>
 
-#include "core/error.h"
-#include "graph/loader.h"
-#include "graph/loader_observer.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/loader_observer.h"
 
 namespace flowstate {
 namespace {

@@ -1,4 +1,4 @@
-#include "graph/harness.h"
+#include "flowstate/graph/harness.h"
 
 #include <sys/resource.h>
 
@@ -12,8 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "core/error.h"
-#include "core/hash.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
 
 namespace flowstate::bench {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate::bench {
 

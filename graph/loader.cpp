@@ -1,4 +1,4 @@
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 
 #include <algorithm>
 #include <atomic>
@@ -16,10 +16,10 @@
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "graph/loader_observer.h"
-#include "graph/spine.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader_observer.h"
+#include "flowstate/graph/spine.h"
 
 namespace flowstate {
 

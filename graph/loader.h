@@ -24,11 +24,11 @@
 #include <string>
 #include <string_view>
 
-#include "core/batch.h"
-#include "graph/metrics.h"
-#include "graph/pipeline.h"
-#include "serialization/checkpoint.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/core/batch.h"
+#include "flowstate/graph/metrics.h"
+#include "flowstate/graph/pipeline.h"
+#include "flowstate/serialization/checkpoint.h"
+#include "flowstate/serialization/pipeline_state.h"
 
 namespace flowstate {
 

@@ -6,9 +6,9 @@
 #include <mutex>
 #include <vector>
 
-#include "graph/metrics.h"
-#include "graph/node_stats.h"
-#include "graph/trace.h"
+#include "flowstate/graph/metrics.h"
+#include "flowstate/graph/node_stats.h"
+#include "flowstate/graph/trace.h"
 
 namespace flowstate::detail {
 

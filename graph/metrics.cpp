@@ -1,11 +1,11 @@
-#include "graph/metrics.h"
+#include "flowstate/graph/metrics.h"
 
 #include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

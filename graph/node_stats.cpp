@@ -1,4 +1,4 @@
-#include "graph/node_stats.h"
+#include "flowstate/graph/node_stats.h"
 
 namespace flowstate {
 

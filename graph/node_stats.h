@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/pipeline.h"
-#include "nodes/node.h"
+#include "flowstate/graph/pipeline.h"
+#include "flowstate/nodes/node.h"
 
 namespace flowstate {
 

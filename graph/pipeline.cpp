@@ -1,12 +1,12 @@
-#include "graph/pipeline.h"
+#include "flowstate/graph/pipeline.h"
 
 #include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
 
-#include "core/error.h"
-#include "core/hash.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
 
 namespace flowstate {
 

@@ -25,21 +25,21 @@
 #include <unordered_map>
 #include <vector>
 
-#include "nodes/batch.h"
-#include "nodes/definition.h"
-#include "nodes/device_copy.h"
-#include "nodes/filter.h"
-#include "nodes/map.h"
-#include "nodes/mix.h"
-#include "nodes/node.h"
-#include "nodes/pack.h"
-#include "nodes/prefetch.h"
-#include "nodes/shard.h"
-#include "nodes/shuffle.h"
-#include "nodes/sources/lines.h"
-#include "nodes/sources/records.h"
-#include "nodes/sources/tar.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/device_copy.h"
+#include "flowstate/nodes/filter.h"
+#include "flowstate/nodes/map.h"
+#include "flowstate/nodes/mix.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/pack.h"
+#include "flowstate/nodes/prefetch.h"
+#include "flowstate/nodes/shard.h"
+#include "flowstate/nodes/shuffle.h"
+#include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/sources/records.h"
+#include "flowstate/nodes/sources/tar.h"
+#include "flowstate/serialization/pipeline_state.h"
 
 namespace flowstate {
 

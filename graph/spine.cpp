@@ -1,11 +1,11 @@
-#include "graph/spine.h"
+#include "flowstate/graph/spine.h"
 
 #include <oneapi/tbb/parallel_for.h>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "graph/node_stats.h"
-#include "nodes/batch.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/node_stats.h"
+#include "flowstate/nodes/batch.h"
 
 namespace flowstate {
 

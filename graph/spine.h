@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "graph/pipeline.h"
+#include "flowstate/graph/pipeline.h"
 
 namespace flowstate {
 

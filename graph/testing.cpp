@@ -1,10 +1,10 @@
-#include "graph/testing.h"
+#include "flowstate/graph/testing.h"
 
 #include <exception>
 #include <ostream>
 #include <set>
 
-#include "core/hash.h"
+#include "flowstate/core/hash.h"
 
 namespace flowstate::testing {
 

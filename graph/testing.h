@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate::testing {
 

@@ -1,4 +1,4 @@
-#include "graph/trace.h"
+#include "flowstate/graph/trace.h"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <cinttypes>
 #include <cstring>
 
-#include "core/error.h"
-#include "graph/node_stats.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/node_stats.h"
 
 namespace flowstate {
 

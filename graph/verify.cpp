@@ -1,4 +1,4 @@
-#include "graph/verify.h"
+#include "flowstate/graph/verify.h"
 
 #include <stdlib.h>
 
@@ -7,10 +7,10 @@
 #include <set>
 #include <utility>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "core/rng.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/rng.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate {
 namespace {

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/pipeline.h"
+#include "flowstate/graph/pipeline.h"
 
 namespace flowstate {
 

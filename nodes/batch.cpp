@@ -1,10 +1,10 @@
-#include "nodes/batch.h"
+#include "flowstate/nodes/batch.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

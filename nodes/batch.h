@@ -14,12 +14,12 @@
 #include <optional>
 #include <vector>
 
-#include "core/batch.h"
-#include "core/buffer.h"
-#include "core/error.h"
-#include "core/rng.h"
-#include "nodes/node.h"
-#include "nodes/options.h"
+#include "flowstate/core/batch.h"
+#include "flowstate/core/buffer.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/rng.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/options.h"
 
 namespace flowstate {
 

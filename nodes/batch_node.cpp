@@ -1,7 +1,7 @@
 // The definition of `batch`. Apart from batch.cpp because nodes/definition.h (BuildContext)
 // needs batch.h's types, as device_copy_node.cpp is apart from device_copy.h.
-#include "nodes/batch.h"
-#include "nodes/definition.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/definition.h"
 
 namespace flowstate {
 

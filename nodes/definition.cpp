@@ -1,4 +1,4 @@
-#include "nodes/definition.h"
+#include "flowstate/nodes/definition.h"
 
 #include <cstdio>
 

@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "nodes/batch.h"
-#include "nodes/device_copy.h"
-#include "nodes/node.h"
-#include "nodes/options.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/device_copy.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/options.h"
 
 namespace flowstate {
 

@@ -1,11 +1,11 @@
 // Host-only build of device_copy (FLOWSTATE_WITH_CUDA=OFF or no toolkit). The CUDA build uses
 // device_copy_cuda.cpp instead; both give the same messages for the same mistakes.
-#include "nodes/device_copy.h"
+#include "flowstate/nodes/device_copy.h"
 
 #include <algorithm>
 #include <string_view>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -22,11 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "core/batch.h"
-#include "core/buffer.h"
-#include "core/collate.h"
-#include "nodes/node.h"
-#include "nodes/options.h"
+#include "flowstate/core/batch.h"
+#include "flowstate/core/buffer.h"
+#include "flowstate/core/collate.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/options.h"
 
 namespace flowstate {
 

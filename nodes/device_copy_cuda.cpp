@@ -10,7 +10,7 @@
 // the DMA reading it is complete. Device buffers go back to their pool when the consumer drops
 // the batch; a later copy may then overwrite them, so the consumer must have finished (or
 // ordered before its own later work) every use of a batch's device memory before dropping it.
-#include "nodes/device_copy.h"
+#include "flowstate/nodes/device_copy.h"
 
 #include <cuda_runtime_api.h>
 
@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 namespace {

@@ -1,8 +1,8 @@
 // The definition of `device_copy`, shared by the CUDA and the host-only builds.
 #include <algorithm>
 
-#include "nodes/definition.h"
-#include "nodes/device_copy.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/device_copy.h"
 
 namespace flowstate {
 

@@ -1,6 +1,6 @@
-#include "nodes/filter.h"
+#include "flowstate/nodes/filter.h"
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "nodes/batch.h"
-#include "nodes/definition.h"
-#include "nodes/node.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
 
 namespace flowstate {
 

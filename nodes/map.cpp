@@ -1,4 +1,4 @@
-#include "nodes/map.h"
+#include "flowstate/nodes/map.h"
 
 namespace flowstate {
 

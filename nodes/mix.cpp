@@ -1,11 +1,11 @@
-#include "nodes/mix.h"
+#include "flowstate/nodes/mix.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include <cereal/types/string.hpp>
 
-#include "core/rng.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 

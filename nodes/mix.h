@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "nodes/definition.h"
-#include "nodes/node.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
 
 namespace flowstate {
 

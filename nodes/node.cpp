@@ -1,11 +1,11 @@
-#include "nodes/node.h"
+#include "flowstate/nodes/node.h"
 
 #include <charconv>
 #include <sstream>
 
 #include <cereal/types/string.hpp>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "core/ref.h"
-#include "core/sample.h"
-#include "core/state.h"
-#include "nodes/description.h"
+#include "flowstate/core/ref.h"
+#include "flowstate/core/sample.h"
+#include "flowstate/core/state.h"
+#include "flowstate/nodes/description.h"
 
 namespace flowstate {
 

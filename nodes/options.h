@@ -34,9 +34,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
-#include "nodes/description.h"
-#include "nodes/params.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/description.h"
+#include "flowstate/nodes/params.h"
 
 namespace flowstate {
 

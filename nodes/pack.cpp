@@ -1,4 +1,4 @@
-#include "nodes/pack.h"
+#include "flowstate/nodes/pack.h"
 
 #include <algorithm>
 #include <cstring>

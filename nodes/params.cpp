@@ -1,4 +1,4 @@
-#include "nodes/params.h"
+#include "flowstate/nodes/params.h"
 
 #include <algorithm>
 #include <cmath>

@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include "nodes/description.h"
+#include "flowstate/nodes/description.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "nodes/prefetch.h"
+#include "flowstate/nodes/prefetch.h"
 
 namespace flowstate {
 

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "nodes/definition.h"
+#include "flowstate/nodes/definition.h"
 
 namespace flowstate {
 

@@ -1,11 +1,11 @@
-#include "nodes/shard.h"
+#include "flowstate/nodes/shard.h"
 
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
 
-#include "core/error.h"
-#include "core/rng.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 namespace {

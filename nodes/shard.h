@@ -6,9 +6,9 @@
 
 #include <optional>
 
-#include "nodes/definition.h"
-#include "nodes/node.h"
-#include "nodes/sources/file_source.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/sources/file_source.h"
 
 namespace flowstate {
 

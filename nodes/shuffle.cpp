@@ -1,12 +1,12 @@
-#include "nodes/shuffle.h"
+#include "flowstate/nodes/shuffle.h"
 
 #include <algorithm>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "core/rng.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 

@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "core/permutation.h"
-#include "nodes/definition.h"
-#include "nodes/node.h"
-#include "nodes/sources/file_source.h"
+#include "flowstate/core/permutation.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/sources/file_source.h"
 
 namespace flowstate {
 

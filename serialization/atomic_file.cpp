@@ -1,4 +1,4 @@
-#include "serialization/atomic_file.h"
+#include "flowstate/serialization/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <vector>
 
-#include "core/error.h"
-#include "core/fd.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/fd.h"
 
 namespace flowstate {
 namespace {

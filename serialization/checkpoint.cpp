@@ -1,6 +1,6 @@
 // The on-disk checkpoint protocol — write, verify, find the newest valid step, prune, remove —
 // kept in one file (over 600 lines) so that its crash guarantees can be read in one place.
-#include "serialization/checkpoint.h"
+#include "flowstate/serialization/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "serialization/atomic_file.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/serialization/atomic_file.h"
+#include "flowstate/serialization/pipeline_state.h"
 
 // On-disk invariants (see checkpoint.h):
 //  - `step-N/` with a MANIFEST.json that verifies is a checkpoint; nothing else is.

@@ -1,4 +1,4 @@
-#include "serialization/pipeline_state.h"
+#include "flowstate/serialization/pipeline_state.h"
 
 #include <map>
 #include <sstream>
@@ -9,9 +9,9 @@
 #include <cereal/types/utility.hpp>
 #include <cereal/types/vector.hpp>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "core/state.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/state.h"
 
 namespace flowstate {
 namespace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate::examples {
 

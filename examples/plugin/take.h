@@ -15,9 +15,9 @@
 #include <tuple>
 #include <utility>
 
-#include "nodes/definition.h"
-#include "nodes/node.h"
-#include "nodes/options.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/options.h"
 
 // A namespace of its own: once loaded, a plugin's symbols that the program also defines resolve
 // to the program's, so a plugin must not define names flowstate may define (its own `take`).

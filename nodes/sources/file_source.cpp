@@ -1,9 +1,9 @@
-#include "nodes/sources/file_source.h"
+#include "flowstate/nodes/sources/file_source.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/hash.h"
+#include "flowstate/core/hash.h"
 
 namespace flowstate {
 

@@ -14,11 +14,11 @@
 
 #include <cereal/types/string.hpp>
 
-#include "core/error.h"
-#include "nodes/definition.h"
-#include "nodes/node.h"
-#include "nodes/options.h"
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/options.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 namespace flowstate {
 

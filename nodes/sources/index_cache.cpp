@@ -1,4 +1,4 @@
-#include "nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/index_cache.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "core/fd.h"
-#include "core/hash.h"
+#include "flowstate/core/fd.h"
+#include "flowstate/core/hash.h"
 
 namespace flowstate {
 namespace {

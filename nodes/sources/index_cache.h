@@ -30,7 +30,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "nodes/sources/iterable.h"
+#include "flowstate/nodes/sources/iterable.h"
 
 #include <cstring>
 

@@ -53,14 +53,14 @@
 
 #include <cereal/types/string.hpp>
 
-#include "core/collate.h"
-#include "core/error.h"
-#include "core/tensor.h"
-#include "core/user_value.h"
-#include "nodes/batch.h"
-#include "nodes/definition.h"
-#include "nodes/device_copy.h"
-#include "nodes/node.h"
+#include "flowstate/core/collate.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/tensor.h"
+#include "flowstate/core/user_value.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/device_copy.h"
+#include "flowstate/nodes/node.h"
 
 namespace flowstate {
 

@@ -1,4 +1,4 @@
-#include "nodes/sources/lines.h"
+#include "flowstate/nodes/sources/lines.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "nodes/sources/index_cache.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/index_cache.h"
 
 namespace flowstate {
 namespace {

@@ -28,9 +28,9 @@
 #include <string_view>
 #include <vector>
 
-#include "nodes/node.h"
-#include "nodes/sources/file_source.h"
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/sources/file_source.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 namespace flowstate {
 

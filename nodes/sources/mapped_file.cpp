@@ -1,4 +1,4 @@
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 #include <fcntl.h>
 #include <glob.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <set>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -1,9 +1,9 @@
-#include "nodes/sources/records.h"
+#include "flowstate/nodes/sources/records.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "nodes/definition.h"
-#include "nodes/node.h"
-#include "nodes/sources/file_source.h"
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/definition.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/sources/file_source.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 namespace flowstate {
 

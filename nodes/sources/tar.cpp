@@ -1,4 +1,4 @@
-#include "nodes/sources/tar.h"
+#include "flowstate/nodes/sources/tar.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <optional>
 #include <set>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 
 namespace flowstate {
 namespace {

@@ -32,10 +32,10 @@
 #include <utility>
 #include <vector>
 
-#include "nodes/node.h"
-#include "nodes/sources/file_source.h"
-#include "nodes/sources/index_cache.h"
-#include "nodes/sources/mapped_file.h"
+#include "flowstate/nodes/node.h"
+#include "flowstate/nodes/sources/file_source.h"
+#include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 
 namespace flowstate {
 

@@ -12,9 +12,9 @@
 #include <sstream>
 #include <thread>
 
-#include "config/yaml.h"
-#include "core/hash.h"
-#include "graph/loader.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
 #include "tests/cli/cli_support.h"
 
 namespace flowstate {

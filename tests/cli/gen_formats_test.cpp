@@ -9,9 +9,9 @@
 #include <regex>
 #include <set>
 
-#include "nodes/sources/index_cache.h"
-#include "nodes/sources/lines.h"
-#include "nodes/sources/tar.h"
+#include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/sources/tar.h"
 #include "tests/cli/cli_support.h"
 
 namespace flowstate {

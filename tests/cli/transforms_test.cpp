@@ -1,6 +1,6 @@
 // The built-in map transforms: values, views, error texts, and random_crop's determinism
 // across worker counts and restores.
-#include "config/transforms.h"
+#include "flowstate/config/transforms.h"
 
 #include <gtest/gtest.h>
 
@@ -9,9 +9,9 @@
 #include <limits>
 #include <set>
 
-#include "config/yaml.h"
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -4,9 +4,9 @@
 
 #include <fstream>
 
-#include "config/yaml.h"
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 

@@ -1,6 +1,6 @@
 // The YAML loader: what it builds, and every kind of error with its exact text (file, line,
 // column and key path).
-#include "config/yaml.h"
+#include "flowstate/config/yaml.h"
 
 #include <gtest/gtest.h>
 
@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "config/registry.h"
-#include "config/transforms.h"
-#include "core/error.h"
-#include "core/hash.h"
-#include "graph/loader.h"
+#include "flowstate/config/registry.h"
+#include "flowstate/config/transforms.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -5,13 +5,13 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core/batch.h"
-#include "core/buffer.h"
-#include "core/error.h"
-#include "core/hash.h"
-#include "core/rng.h"
-#include "core/sample.h"
-#include "core/tensor.h"
+#include "flowstate/core/batch.h"
+#include "flowstate/core/buffer.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/core/rng.h"
+#include "flowstate/core/sample.h"
+#include "flowstate/core/tensor.h"
 
 namespace flowstate {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/permutation.h"
+#include "flowstate/core/permutation.h"
 
 #include <gtest/gtest.h>
 

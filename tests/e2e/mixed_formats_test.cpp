@@ -6,8 +6,8 @@
 #include <fstream>
 #include <set>
 
-#include "config/yaml.h"
-#include "graph/loader.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 

@@ -6,9 +6,9 @@
 
 #include <sstream>
 
-#include "core/error.h"
-#include "graph/loader.h"
-#include "graph/testing.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/testing.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -1,6 +1,6 @@
 // GradientAccumulator: windows, forced steps at epoch ends, sample-weighted scaling, and the
 // same windows after a resume mid-window.
-#include "graph/accumulate.h"
+#include "flowstate/graph/accumulate.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,9 +9,9 @@
 #include <numeric>
 #include <vector>
 
-#include "core/error.h"
-#include "graph/loader.h"
-#include "nodes/sources/iterable.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/iterable.h"
 
 namespace flowstate {
 namespace {

@@ -1,7 +1,7 @@
 // from_range / from_producer: user types as sources (DESIGN.md §9). Every kind of source runs
 // the save/restore oracle with its values exposed to the batch digest, and the unknown-length
 // sources are checked for exact BatchInfo.
-#include "nodes/sources/iterable.h"
+#include "flowstate/nodes/sources/iterable.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 // Test types live in a named namespace so their names in messages are stable.

@@ -1,4 +1,4 @@
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <set>
 #include <thread>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

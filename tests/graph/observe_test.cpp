@@ -11,9 +11,9 @@
 #include <set>
 #include <thread>
 
-#include "graph/loader.h"
-#include "graph/metrics.h"
-#include "graph/trace.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/metrics.h"
+#include "flowstate/graph/trace.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

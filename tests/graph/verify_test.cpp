@@ -1,7 +1,7 @@
 // flowstate::verify on pipelines built in C++: a from_range source with lambda maps resumes
 // exactly and passes; a map whose output depends on a process-wide counter (different on
 // every run) is caught; bad options are ConfigErrors with their exact text.
-#include "graph/verify.h"
+#include "flowstate/graph/verify.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "nodes/sources/iterable.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/iterable.h"
 
 namespace flowstate {
 namespace {

@@ -1,8 +1,8 @@
 // The batch node's collation of variable-size fields: padding and ragged, and user values.
 #include <gtest/gtest.h>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -2,7 +2,7 @@
 // `device` option, the exact error texts, and the host fallback. Tests that need a device are
 // in tests/nodes/cuda (label `cuda`); the ones here that describe the no-device fallback skip
 // when a device is present.
-#include "nodes/device_copy.h"
+#include "flowstate/nodes/device_copy.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

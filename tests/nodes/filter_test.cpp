@@ -1,10 +1,10 @@
 // `filter` and the planner's look-ahead over upstreams of unknown length.
-#include "nodes/filter.h"
+#include "flowstate/nodes/filter.h"
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

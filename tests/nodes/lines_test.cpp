@@ -1,4 +1,4 @@
-#include "nodes/sources/lines.h"
+#include "flowstate/nodes/sources/lines.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <sstream>
 
-#include "core/error.h"
-#include "nodes/sources/index_cache.h"
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/index_cache.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 

@@ -1,5 +1,5 @@
 // `mix`: weighted sampling from input pipelines, every stop criterion, exact O(1) resume.
-#include "nodes/mix.h"
+#include "flowstate/nodes/mix.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

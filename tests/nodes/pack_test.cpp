@@ -1,10 +1,10 @@
 // `pack`: token sequences concatenated and cut into fixed rows; exact resume by reference.
-#include "nodes/pack.h"
+#include "flowstate/nodes/pack.h"
 
 #include <gtest/gtest.h>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

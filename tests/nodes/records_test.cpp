@@ -1,11 +1,11 @@
-#include "nodes/sources/records.h"
+#include "flowstate/nodes/sources/records.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

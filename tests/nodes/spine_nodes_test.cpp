@@ -4,12 +4,12 @@
 
 #include <sstream>
 
-#include "core/error.h"
-#include "graph/loader.h"
-#include "nodes/batch.h"
-#include "nodes/shard.h"
-#include "nodes/shuffle.h"
-#include "nodes/sources/records.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/shard.h"
+#include "flowstate/nodes/shuffle.h"
+#include "flowstate/nodes/sources/records.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

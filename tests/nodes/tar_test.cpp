@@ -1,4 +1,4 @@
-#include "nodes/sources/tar.h"
+#include "flowstate/nodes/sources/tar.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <map>
 #include <sstream>
 
-#include "core/error.h"
+#include "flowstate/core/error.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 

@@ -1,6 +1,6 @@
 // The on-disk checkpoint format (serialization/checkpoint.h): layout, verification of every
 // file, fallback, crash debris, replacement and pruning.
-#include "serialization/checkpoint.h"
+#include "flowstate/serialization/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/hash.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/serialization/pipeline_state.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"
 

@@ -12,8 +12,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 
 namespace flowstate::testing {
 

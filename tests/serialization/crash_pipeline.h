@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/hash.h"
-#include "graph/pipeline.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/pipeline.h"
 
 namespace flowstate::testing {
 

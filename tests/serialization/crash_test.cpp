@@ -22,8 +22,8 @@
 #include <random>
 #include <sstream>
 
-#include "graph/loader.h"
-#include "serialization/checkpoint.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/serialization/checkpoint.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/serialization/crash_pipeline.h"
 #include "tests/support/testing.h"

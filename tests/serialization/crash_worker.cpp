@@ -21,7 +21,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 #include "tests/serialization/crash_pipeline.h"
 
 namespace {

@@ -9,12 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/inspect.h"
-#include "core/error.h"
-#include "graph/loader.h"
-#include "nodes/sources/file_source.h"
-#include "serialization/checkpoint.h"
-#include "serialization/pipeline_state.h"
+#include "flowstate/config/inspect.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/file_source.h"
+#include "flowstate/serialization/checkpoint.h"
+#include "flowstate/serialization/pipeline_state.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"

@@ -12,8 +12,8 @@
 #include <set>
 #include <thread>
 
-#include "core/error.h"
-#include "graph/loader.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"
 

@@ -8,10 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/inspect.h"
-#include "core/error.h"
-#include "graph/loader.h"
-#include "serialization/checkpoint.h"
+#include "flowstate/config/inspect.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/serialization/checkpoint.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"
 

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <random>
 
-#include "core/rng.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate::testing {
 

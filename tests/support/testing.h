@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "graph/loader.h"
-#include "graph/testing.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/testing.h"
 
 namespace flowstate::testing {
 

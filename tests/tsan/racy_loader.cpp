@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "graph/loader.h"
+#include "flowstate/graph/loader.h"
 #include "tests/support/testing.h"
 
 namespace {

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
-#include "graph/loader.h"
-#include "nodes/device_copy.h"
-#include "nodes/sources/iterable.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/device_copy.h"
+#include "flowstate/nodes/sources/iterable.h"
 #include "tests/support/testing.h"
 
 #ifdef FLOWSTATE_FAKE_CUDART
