@@ -58,6 +58,7 @@ struct Args {
   int map_rounds = 1;
   std::string kind = "sync";  // checkpoint: state | sync | async
   std::string label;
+  std::string trace;  // throughput, map: write the median run's timeline here
 };
 
 [[noreturn]] void usage(const char* why) {
@@ -65,7 +66,8 @@ struct Args {
                "w1_flowstate: %s\nusage: w1_flowstate --data DIR "
                "{gen|throughput|gather|checkpoint|restore|size|rss|map} [--records N] "
                "[--workers W] [--batches N] [--warmup N] [--rounds N] [--every N] "
-               "[--epochs N] [--map-rounds N] [--kind state|sync|async] [--label S]\n",
+               "[--epochs N] [--map-rounds N] [--kind state|sync|async] [--label S] "
+               "[--trace FILE]\n",
                why);
   std::exit(2);
 }
@@ -100,6 +102,8 @@ Args parse(int argc, char** argv) {
       a.kind = value();
     else if (k == "--label")
       a.label = value();
+    else if (k == "--trace")
+      a.trace = value();
     else if (!k.empty() && k[0] != '-' && a.mode.empty())
       a.mode = k;
     else
@@ -128,9 +132,10 @@ double median(std::vector<double> v) { return summarize(std::move(v)).median; }
 void throughput(const Args& a) {
   const std::string glob = glob_of(a);
   Pipeline p = w1_pipeline(glob, {.workers = a.workers});
-  BenchReport r = run_bench(
-      p,
-      {.steps = a.batches ? a.batches : 3072, .warmup = a.warmup, .repeat = std::max(1, a.rounds)});
+  BenchReport r = run_bench(p, {.steps = a.batches ? a.batches : 3072,
+                                .warmup = a.warmup,
+                                .repeat = std::max(1, a.rounds),
+                                .trace = a.trace});
   json stages = json::object();
   for (const auto& s : r.runs.front().stages)
     stages[s.name] = {{"util", s.utilization}, {"us_per_item", s.us_per_item}};
@@ -417,7 +422,8 @@ void map_heavy(const Args& a) {
   const double cost = map_cost_ns(kW1RecordBytes, a.map_rounds);
   BenchReport r = run_bench(p, {.steps = a.batches ? a.batches : 300,
                                 .warmup = a.warmup ? a.warmup : 20,
-                                .repeat = std::max(1, a.rounds)});
+                                .repeat = std::max(1, a.rounds),
+                                .trace = a.trace});
   json stages = json::object();
   for (const auto& s : r.runs.front().stages)
     stages[s.name] = {{"util", s.utilization}, {"us_per_item", s.us_per_item}};

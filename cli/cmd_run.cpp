@@ -53,6 +53,13 @@ constexpr const char* kUsage =
     "                          (a padding sample: <source>:<index>:pad). In the paths of\n"
     "                          --digests, --provenance and --checkpoint-dir, {rank} is\n"
     "                          replaced by this process's rank\n"
+    "  --trace FILE.json       write a timeline of the run (Chrome trace-event JSON: open it in\n"
+    "                          Perfetto UI or chrome://tracing): a track per thread, a span per\n"
+    "                          node per batch, the consumer's waits, checkpoint phases\n"
+    "  --metrics FILE.jsonl    append a JSON line of metrics every --metrics-interval seconds\n"
+    "                          (default 1): step, samples/s, MB/s, batches in flight, each\n"
+    "                          node's busy share, RSS, checkpoint durations; `flowstate report`\n"
+    "                          turns it into an HTML page\n"
     "  --progress-interval S   seconds between progress lines when not on a terminal\n"
     "                          (default 10; 0: a line per batch). A line shows the percent\n"
     "                          done and an ETA when the number of steps is known (--steps,\n"
@@ -140,6 +147,20 @@ class LineOutput {
 };
 
 using Clock = std::chrono::steady_clock;
+
+/// A positive number of seconds ("0.5"); UsageError naming `flag` otherwise.
+double parse_seconds(const std::string& text, const std::string& flag) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(v > 0) || v > 1e6)
+    throw UsageError(flag + " expects a positive number of seconds, got '" + text + "'");
+  return v;
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -263,7 +284,8 @@ std::uint64_t batch_bytes(const Batch& b) {
 int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> coordinator) {
   Args args(argv,
             {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
-             "--set", "--digests", "--provenance", "--workers", "--progress-interval"},
+             "--set", "--digests", "--provenance", "--workers", "--progress-interval", "--trace",
+             "--metrics", "--metrics-interval"},
             {"--resume", "--overwrite"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
@@ -341,6 +363,12 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
   options.epochs = args.uint("--epochs").value_or(config.epochs);
   if (workers) options.workers = static_cast<int>(*workers);
   if (!per_rank_dir) options.coordinator = coordinator;
+  options.trace = args.value("--trace").value_or("");
+  options.metrics = args.value("--metrics").value_or("");
+  if (auto m = args.value("--metrics-interval")) {
+    options.metrics_interval_s = parse_seconds(*m, "--metrics-interval");
+    if (options.metrics.empty()) throw UsageError("--metrics-interval needs --metrics FILE");
+  }
   Loader loader(config.pipeline, options);
 
   std::optional<std::uint64_t> checkpointed;  // steps consumed at the last checkpoint

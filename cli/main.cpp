@@ -25,6 +25,7 @@
   X(inspect, "print what a checkpoint holds")                                        \
   X(verify, "prove exact resume for a pipeline through real checkpoint files")       \
   X(bench, "measure a YAML pipeline's throughput and where its time goes")           \
+  X(report, "turn a run's metrics (and trace) into one self-contained HTML page")    \
   X(schema, "list the node types and map transforms with their parameters")
 
 namespace flowstate::cli {

@@ -12,6 +12,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/graph/loader_observer.h"
 
 namespace flowstate {
 namespace {
@@ -115,16 +116,68 @@ void Loader::rethrow_failed_save() {
   if (saves_) saves_->rethrow_failure();
 }
 
+namespace {
+
+/// Times a checkpoint's phases for the trace and the metrics: cut (the state taken, on the
+/// consumer's thread), encode, write (state.bin and MANIFEST.json, each fsynced) and commit
+/// (the renames and the directory's fsync), using write_checkpoint's phase hook.
+class CheckpointTiming {
+ public:
+  CheckpointTiming(std::shared_ptr<detail::LoaderObserver> observer, std::uint64_t step,
+                   std::int64_t cut_begin)
+      : o_(std::move(observer)), step_(step), cut_begin_(cut_begin) {}
+  void cut_done() { cut_end_ = stats_now_ns(); }
+  void encode_begin() { encode_begin_ = stats_now_ns(); }
+  void encode_done() { encode_end_ = stats_now_ns(); }
+  /// Chains the timing into `options.hook`.
+  void hook(CheckpointWriteOptions& options) {
+    options.hook = [this, user = std::move(options.hook)](std::string_view phase) {
+      if (phase == "manifest-written") written_ = stats_now_ns();
+      if (user) user(phase);
+    };
+  }
+  /// The checkpoint committed (now); `track`: where its encode and write ran.
+  void committed(std::uint32_t track) {
+    const std::int64_t end = stats_now_ns();
+    if (written_ == 0) written_ = end;
+    const auto s = [](std::int64_t a, std::int64_t b) { return static_cast<double>(b - a) * 1e-9; };
+    o_->committed({step_, o_->seconds_at(end), s(cut_begin_, cut_end_),
+                   s(encode_begin_, encode_end_), s(encode_end_, written_), s(written_, end)});
+    if (Tracer* t = o_->tracer.get()) {
+      const auto step = static_cast<std::int64_t>(step_);
+      t->span(Tracer::kConsumer, o_->ck_cut, cut_begin_, cut_end_, step);
+      t->span(track, o_->ck_encode, encode_begin_, encode_end_, step);
+      t->span(track, o_->ck_write, encode_end_, written_, step);
+      t->span(track, o_->ck_commit, written_, end, step);
+    }
+  }
+
+ private:
+  std::shared_ptr<detail::LoaderObserver> o_;
+  std::uint64_t step_;
+  std::int64_t cut_begin_, cut_end_ = 0, encode_begin_ = 0, encode_end_ = 0, written_ = 0;
+};
+
+}  // namespace
+
 std::string Loader::save_checkpoint(const std::string& dir,
                                     const CheckpointWriteOptions& options) const {
   const std::uint64_t step = checkpoint_step(last_step_);
+  CheckpointTiming timing(observer_, step, stats_now_ns());
+  timing.cut_done();
+  timing.encode_begin();
   const std::string bytes = state();
+  timing.encode_done();
+  CheckpointWriteOptions o = options;
+  timing.hook(o);
   // A collective write is ordered by the collective itself (and the ranks may be threads of
   // this process, which the per-process queue would deadlock).
-  if (options_.coordinator)
-    return write_group_checkpoint(dir, step, bytes, *options_.coordinator, options);
-  return WriteOrder::run(WriteOrder::take(dir),
-                         [&] { return write_checkpoint(dir, step, bytes, options); });
+  std::string path = options_.coordinator
+                         ? write_group_checkpoint(dir, step, bytes, *options_.coordinator, o)
+                         : WriteOrder::run(WriteOrder::take(dir),
+                                           [&] { return write_checkpoint(dir, step, bytes, o); });
+  timing.committed(Tracer::kConsumer);
+  return path;
 }
 
 std::future<std::string> Loader::save_checkpoint_async(const std::string& dir,
@@ -137,36 +190,46 @@ std::future<std::string> Loader::save_checkpoint_async(const std::string& dir,
   // The cut is taken now, on the consumer's thread: the last batch's stamp, immutable and
   // shared. Encoding it moves with the file I/O.
   const std::uint64_t step = checkpoint_step(last_step_);
+  auto timing = std::make_unique<CheckpointTiming>(observer_, step, stats_now_ns());
   PipelineState s = state_struct_without_spine();
   std::optional<WriteOrder::Turn> turn;
   if (!options_.coordinator) turn = WriteOrder::take(dir);
   std::promise<void> done;
   saves_->started(done.get_future().share());
-  return std::async(std::launch::async, [dir, step, s = std::move(s), stamp = last_stamp_,
-                                         coordinator = options_.coordinator,
-                                         options = std::move(options), turn = std::move(turn),
-                                         saves = saves_, done = std::move(done)]() mutable {
-    struct Done {
-      std::promise<void>& p;
-      ~Done() { p.set_value(); }
-    } signal{done};
-    try {
-      s.spine = serialize_stamp(*stamp);
-      const std::string bytes = s.encode();
-      if (coordinator) return write_group_checkpoint(dir, step, bytes, *coordinator, options);
-      return WriteOrder::run(std::move(*turn),
-                             [&] { return write_checkpoint(dir, step, bytes, options); });
-    } catch (const CheckpointError& e) {
-      // Named for the checkpoint, with the system's reason from the step that failed.
-      const std::string path = (std::filesystem::path(dir) / step_dir_name(step)).string();
-      CheckpointError error(path, "checkpoint '" + path + "' failed: " + e.what());
-      saves->failed(std::make_exception_ptr(error));
-      throw error;
-    } catch (...) {
-      saves->failed(std::current_exception());
-      throw;
-    }
-  });
+  timing->cut_done();
+  return std::async(
+      std::launch::async,
+      [dir, step, s = std::move(s), stamp = last_stamp_, coordinator = options_.coordinator,
+       options = std::move(options), turn = std::move(turn), saves = saves_, done = std::move(done),
+       timing = std::move(timing)]() mutable {
+        struct Done {
+          std::promise<void>& p;
+          ~Done() { p.set_value(); }
+        } signal{done};
+        try {
+          timing->encode_begin();
+          s.spine = serialize_stamp(*stamp);
+          const std::string bytes = s.encode();
+          timing->encode_done();
+          timing->hook(options);
+          std::string path = coordinator
+                                 ? write_group_checkpoint(dir, step, bytes, *coordinator, options)
+                                 : WriteOrder::run(std::move(*turn), [&] {
+                                     return write_checkpoint(dir, step, bytes, options);
+                                   });
+          timing->committed(Tracer::kCheckpoint);
+          return path;
+        } catch (const CheckpointError& e) {
+          // Named for the checkpoint, with the system's reason from the step that failed.
+          const std::string path = (std::filesystem::path(dir) / step_dir_name(step)).string();
+          CheckpointError error(path, "checkpoint '" + path + "' failed: " + e.what());
+          saves->failed(std::make_exception_ptr(error));
+          throw error;
+        } catch (...) {
+          saves->failed(std::current_exception());
+          throw;
+        }
+      });
 }
 
 std::optional<CheckpointFound> Loader::restore(const std::string& dir) {

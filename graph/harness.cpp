@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,8 @@ namespace flowstate::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+double s_of(std::uint64_t ns) { return static_cast<double>(ns) * 1e-9; }
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -65,11 +68,38 @@ std::vector<StageReport> stage_delta(const LoaderStats& before, const LoaderStat
   return out;
 }
 
-RunReport run_once(const Pipeline& pipeline, const BenchOptions& o) {
+/// Node counters of `after` minus those of `before`.
+std::vector<NodeReport> node_delta(const LoaderStats& before, const LoaderStats& after,
+                                   double wall_s) {
+  std::vector<NodeReport> out;
+  const auto s = [](std::uint64_t a, std::uint64_t b) {
+    return static_cast<double>(a - std::min(a, b)) * 1e-9;
+  };
+  for (std::size_t i = 0; i < after.nodes.size(); ++i) {
+    const LoaderStats::Node& a = after.nodes[i];
+    const LoaderStats::Node b = i < before.nodes.size() ? before.nodes[i] : LoaderStats::Node{};
+    NodeReport r{a.name, a.stage, a.threads};
+    r.calls = a.calls - std::min(a.calls, b.calls);
+    r.items = a.items - std::min(a.items, b.items);
+    r.bytes = a.bytes - std::min(a.bytes, b.bytes);
+    r.busy_s = s(a.busy_ns, b.busy_ns);
+    r.spine_s = s(a.spine_ns, b.spine_ns);
+    r.assemble_s = s(a.assemble_ns, b.assemble_ns);
+    r.deliver_s = s(a.deliver_ns, b.deliver_ns);
+    r.utilization = wall_s > 0 ? r.busy_s / (wall_s * std::max(1, a.threads)) : 0;
+    r.wait_input_s = s(a.wait_input_ns, b.wait_input_ns);
+    r.wait_output_s = s(a.wait_output_ns, b.wait_output_ns);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+RunReport run_once(const Pipeline& pipeline, const BenchOptions& o, const std::string& trace) {
   RunReport r;
   reset_peak_rss();
   std::uint64_t peak_anon = anon_rss_bytes();
   LoaderOptions lo{.epochs = o.epochs, .workers = o.workers, .prefetch = o.prefetch};
+  lo.trace = trace;
 
   const auto t_start = Clock::now();
   Loader loader(pipeline, lo);
@@ -103,6 +133,8 @@ RunReport run_once(const Pipeline& pipeline, const BenchOptions& o) {
   r.mb_per_s = r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds * 1e-6 : 0;
   r.cpu_ns_per_sample = r.samples > 0 ? r.cpu_s * 1e9 / static_cast<double>(r.samples) : 0;
   r.stages = stage_delta(before, after, r.seconds);
+  r.nodes = node_delta(before, after, r.seconds);
+  r.consumer_busy_s = s_of(after.consumer_busy_ns - before.consumer_busy_ns);
   r.consumer_waits = after.consumer_waits - before.consumer_waits;
   r.consumer_wait_s = static_cast<double>(after.consumer_wait_ns - before.consumer_wait_ns) * 1e-9;
   r.graph_waits = after.graph_waits - before.graph_waits;
@@ -165,8 +197,12 @@ BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options) {
     if (!options.workers && n.workers) report.workers = std::max(report.workers, *n.workers);
 
   std::vector<double> sps, mbps, first, cpu;
+  // Each run writes a trace of its own; the median run's becomes options.trace.
+  const auto trace_of = [&](int i) {
+    return options.trace.empty() ? std::string() : options.trace + ".run" + std::to_string(i);
+  };
   for (int i = 0; i < options.repeat; ++i) {
-    RunReport r = run_once(pipeline, options);
+    RunReport r = run_once(pipeline, options, trace_of(i));
     sps.push_back(r.samples_per_s);
     mbps.push_back(r.mb_per_s);
     first.push_back(r.first_batch_s);
@@ -178,6 +214,18 @@ BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options) {
   report.mb_per_s = summarize(mbps);
   report.first_batch_s = summarize(first);
   report.cpu_ns_per_sample = summarize(cpu);
+  if (!options.trace.empty()) {
+    const RunReport* median = median_run(report);
+    for (int i = 0; i < options.repeat; ++i) {
+      std::error_code ec;
+      if (median == &report.runs[static_cast<std::size_t>(i)]) {
+        std::filesystem::rename(trace_of(i), options.trace, ec);
+        if (ec) throw Error("cannot write the trace to '" + options.trace + "': " + ec.message());
+      } else {
+        std::filesystem::remove(trace_of(i), ec);
+      }
+    }
+  }
   rusage ru{};
   if (::getrusage(RUSAGE_SELF, &ru) == 0)
     report.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
@@ -199,6 +247,21 @@ std::string to_json(const BenchReport& r) {
                         {"concurrency", s.concurrency},
                         {"utilization", s.utilization},
                         {"us_per_item", s.us_per_item}});
+    json nodes = json::array();
+    for (const auto& n : run.nodes)
+      nodes.push_back({{"name", n.name},
+                       {"stage", n.stage},
+                       {"threads", n.threads},
+                       {"calls", n.calls},
+                       {"items", n.items},
+                       {"bytes", n.bytes},
+                       {"busy_s", n.busy_s},
+                       {"spine_s", n.spine_s},
+                       {"assemble_s", n.assemble_s},
+                       {"deliver_s", n.deliver_s},
+                       {"utilization", n.utilization},
+                       {"wait_input_s", n.wait_input_s},
+                       {"wait_output_s", n.wait_output_s}});
     runs.push_back({{"first_batch_s", run.first_batch_s},
                     {"batches", run.batches},
                     {"samples", run.samples},
@@ -209,6 +272,8 @@ std::string to_json(const BenchReport& r) {
                     {"cpu_s", run.cpu_s},
                     {"cpu_ns_per_sample", run.cpu_ns_per_sample},
                     {"stages", stages},
+                    {"nodes", nodes},
+                    {"consumer_busy_s", run.consumer_busy_s},
                     {"consumer_waits", run.consumer_waits},
                     {"consumer_wait_s", run.consumer_wait_s},
                     {"graph_waits", run.graph_waits},
@@ -262,21 +327,32 @@ std::string format_report(const BenchReport& r) {
                 mib(r.peak_rss_bytes), mib(r.peak_anon_bytes));
   os << line;
   if (r.runs.empty()) return os.str();
-  // The stage table of the median run.
+  // The node table of the median run.
   const RunReport& run = *median_run(r);
-  std::snprintf(line, sizeof(line), "%-10s %8s %10s %6s %8s %10s\n", "stage", "items", "busy s",
-                "conc", "util", "us/item");
+  std::snprintf(line, sizeof(line), "%-22s %-8s %4s %9s %10s %9s %8s %6s %9s %9s\n", "node",
+                "stage", "thr", "calls", "items", "MB", "busy s", "util", "wait in", "wait out");
   os << line;
-  for (const auto& s : run.stages) {
-    std::snprintf(line, sizeof(line), "%-10s %8llu %10.3f %6d %7.0f%% %10.1f\n", s.name.c_str(),
-                  static_cast<unsigned long long>(s.items), s.busy_s, s.concurrency,
-                  s.utilization * 100, s.us_per_item);
+  for (const auto& n : run.nodes) {
+    std::snprintf(line, sizeof(line),
+                  "%-22s %-8s %4d %9llu %10llu %9.1f %8.3f %5.0f%% %9.3f %9.3f\n", n.name.c_str(),
+                  n.stage.c_str(), n.threads, static_cast<unsigned long long>(n.calls),
+                  static_cast<unsigned long long>(n.items), static_cast<double>(n.bytes) * 1e-6,
+                  n.busy_s, n.utilization * 100, n.wait_input_s, n.wait_output_s);
     os << line;
   }
+  std::snprintf(line, sizeof(line), "%-22s %-8s %4d %9llu %10s %9s %8.3f %5.0f%% %9.3f %9s\n",
+                "consumer", "-", 1, static_cast<unsigned long long>(run.batches), "-", "-",
+                run.consumer_busy_s, run.seconds > 0 ? run.consumer_busy_s / run.seconds * 100 : 0,
+                run.consumer_wait_s, "-");
+  os << line;
   std::snprintf(line, sizeof(line),
-                "consumer waited %llu times (%.3f s): pipeline-bound; graph waited %llu times: "
-                "consumer-bound; in flight <= %zu\n",
-                static_cast<unsigned long long>(run.consumer_waits), run.consumer_wait_s,
+                "stages: spine %.0f%%, assemble %.0f%% of %d workers, deliver %.0f%%; the consumer "
+                "waited %llu times, the graph waited on it %llu times; in flight <= %zu\n",
+                run.stages.size() > 0 ? run.stages[0].utilization * 100 : 0,
+                run.stages.size() > 1 ? run.stages[1].utilization * 100 : 0,
+                run.stages.size() > 1 ? run.stages[1].concurrency : 0,
+                run.stages.size() > 2 ? run.stages[2].utilization * 100 : 0,
+                static_cast<unsigned long long>(run.consumer_waits),
                 static_cast<unsigned long long>(run.graph_waits), run.in_flight_limit);
   os << line << bottleneck(r) << "\n";
   return os.str();
@@ -293,23 +369,58 @@ const RunReport* median_run(const BenchReport& r) {
 std::string bottleneck(const BenchReport& r) {
   const RunReport* run = median_run(r);
   if (run == nullptr) return "";
-  char line[256];
+  char line[512];
   // Every in-flight slot full and waiting while the consumer seldom waited: the graph keeps up.
   if (run->graph_waits > run->consumer_waits) {
     std::snprintf(line, sizeof(line),
-                  "bottleneck: the consumer (the graph waited on it %llu times, it on the graph "
-                  "%llu)",
+                  "bottleneck: the consumer — the graph waited on it %llu times, it on the graph "
+                  "%llu",
                   static_cast<unsigned long long>(run->graph_waits),
                   static_cast<unsigned long long>(run->consumer_waits));
     return line;
   }
+  // The busiest stage in which some node works (without device_copy, deliver only hands
+  // batches over: its time is the hand-off's, under load mostly preemption), and in it the
+  // node with the most own time.
+  const auto in_stage = [](const StageReport& stage, const NodeReport& n) {
+    if (stage.name == "spine") return n.spine_s;
+    if (stage.name == "assemble") return n.assemble_s;
+    return n.deliver_s;
+  };
   const StageReport* busiest = nullptr;
-  for (const auto& s : run->stages)
-    if (busiest == nullptr || s.utilization > busiest->utilization) busiest = &s;
+  const NodeReport* node = nullptr;
+  for (const auto& s : run->stages) {
+    const NodeReport* top = nullptr;
+    for (const auto& n : run->nodes)
+      if (in_stage(s, n) > 0 && (top == nullptr || in_stage(s, n) > in_stage(s, *top))) top = &n;
+    if (top == nullptr && !run->nodes.empty()) continue;
+    if (busiest == nullptr || s.utilization > busiest->utilization) {
+      busiest = &s;
+      node = top;
+    }
+  }
   if (busiest == nullptr) return "";
-  std::snprintf(line, sizeof(line), "bottleneck: %s (%.0f%% busy on %d worker%s)",
-                busiest->name.c_str(), busiest->utilization * 100, busiest->concurrency,
-                busiest->concurrency == 1 ? "" : "s");
+  const auto in_busiest = [&](const NodeReport& n) { return in_stage(*busiest, n); };
+  const int threads = std::max(1, busiest->concurrency);
+  const double share =
+      node != nullptr && run->seconds > 0 ? in_busiest(*node) / (run->seconds * threads) : 0;
+  const std::string name = node != nullptr ? node->name : busiest->name;
+  const int pct = static_cast<int>(share * 100 + 0.5);
+  const int stage_pct = static_cast<int>(busiest->utilization * 100 + 0.5);
+  if (busiest->name == "assemble") {
+    std::snprintf(line, sizeof(line),
+                  "bottleneck: %s — %d%% busy on %d worker%s (the workers %d%% busy)%s",
+                  name.c_str(), pct, threads, threads == 1 ? "" : "s", stage_pct,
+                  busiest->utilization >= 0.7 ? "; more workers would help" : "");
+  } else if (busiest->name == "spine") {
+    std::snprintf(line, sizeof(line),
+                  "bottleneck: %s — %d%% busy in the spine (serial, %d%% busy); more workers "
+                  "would not help",
+                  name.c_str(), pct, stage_pct);
+  } else {
+    std::snprintf(line, sizeof(line), "bottleneck: %s — %d%% busy in deliver (serial, %d%% busy)",
+                  name.c_str(), pct, stage_pct);
+  }
   return line;
 }
 

@@ -32,6 +32,9 @@ struct BenchOptions {
   std::uint64_t epochs = 0;
   std::optional<int> workers;           ///< overrides the pipeline's workers
   std::optional<std::size_t> prefetch;  ///< overrides the pipeline's prefetch depth
+  /// Writes the timeline of the median run (the one the report details) to this file
+  /// (LoaderOptions::trace) when not empty.
+  std::string trace;
 };
 
 /// One stage of the graph during the timed part of a run (see LoaderStats::Stage).
@@ -42,6 +45,18 @@ struct StageReport {
   int concurrency = 1;     ///< workers
   double utilization = 0;  ///< busy_s / (wall seconds × concurrency)
   double us_per_item = 0;  ///< busy time per message
+};
+
+/// One node of the pipeline during the timed part of a run (see LoaderStats::Node).
+struct NodeReport {
+  std::string name;   ///< "map:augment"
+  std::string stage;  ///< "spine", "assemble", "deliver"
+  int threads = 1;    ///< threads of its stage
+  std::uint64_t calls = 0, items = 0, bytes = 0;
+  double busy_s = 0;                                  ///< own time, all stages
+  double spine_s = 0, assemble_s = 0, deliver_s = 0;  ///< busy_s by stage
+  double utilization = 0;                             ///< busy_s / (wall seconds x threads)
+  double wait_input_s = 0, wait_output_s = 0;
 };
 
 /// One timed run.
@@ -58,6 +73,8 @@ struct RunReport {
   double cpu_s = 0;
   double cpu_ns_per_sample = 0;
   std::vector<StageReport> stages;
+  std::vector<NodeReport> nodes;
+  double consumer_busy_s = 0;        ///< the consumer's time outside next()
   std::uint64_t consumer_waits = 0;  ///< next() found nothing ready (pipeline-bound)
   double consumer_wait_s = 0;        ///< time next() spent waiting
   std::uint64_t graph_waits = 0;     ///< every slot ready and waiting (consumer-bound)
@@ -100,10 +117,13 @@ void write_json(const BenchReport& report, const std::string& path);
 /// bottleneck() line.
 std::string format_report(const BenchReport& report);
 
-/// Where the median run's time went, in one line: "bottleneck: the consumer (the graph waited
-/// on it N times)" when the graph waited on the consumer more often than the consumer on the
-/// graph, else the busiest stage: "bottleneck: assemble (92% busy on 2 workers)". "" when
-/// there was no timed run.
+/// Where the median run's time went, in one line. "bottleneck: the consumer — the graph
+/// waited on it N times, it on the graph M" when the graph waited on the consumer more often
+/// than the other way round; else the busiest stage in which a node works (spine, assembly
+/// workers, deliver with device_copy) and in it the node with the most own time: "bottleneck:
+/// map:augment — 71% busy on 2 workers (the workers 94%); more workers would help" or "bottleneck:
+/// filter:length — 80% of the spine (serial, 97% busy); more workers would not help". "" when there
+/// was no timed run.
 std::string bottleneck(const BenchReport& report);
 
 /// The run whose samples/s is the median (the one format_report details); null when none.

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/global_control.h>
@@ -15,6 +18,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
+#include "flowstate/graph/loader_observer.h"
 #include "flowstate/graph/spine.h"
 
 namespace flowstate {
@@ -110,8 +114,9 @@ std::size_t prefetch_depth(const Spine& spine, const LoaderOptions& o) {
 /// One running instance of the graph: spine, TBB nodes and the consumer queue.
 class Loader::Runtime {
  public:
-  Runtime(const Pipeline& pipeline, const LoaderOptions& options)
-      : spine_(pipeline, options.epochs),
+  Runtime(const Pipeline& pipeline, const LoaderOptions& options, Tracer* tracer)
+      : tracer_(tracer),
+        spine_(pipeline, options.epochs, &stats_),
         workers_(assembly_workers(pipeline, options)),
         depth_(prefetch_depth(spine_, options)),
         // Enough TBB threads for the workers plus the serial input and output nodes, also on
@@ -124,6 +129,30 @@ class Loader::Runtime {
     assembler_ = std::make_unique<BatchAssembler>(
         spine_.store(), spine_.source_name(), spine_.planner().options(), spine_.sample_stages(),
         sink.batch_stages, std::move(pool));
+    // Every assembly stage and the device copy count for their node (by the node's name).
+    std::unordered_map<std::string, std::string> stats_names;
+    for (const auto& spec : pipeline.nodes()) stats_names[spec.name] = stats_name(spec);
+    const auto phase_of = [&](const std::string& node) {
+      for (const auto& spec : pipeline.nodes())
+        if (spec.name == node) return spec.phase();
+      return Phase::kPerSample;
+    };
+    auto counters_of = [&](const std::string& node) -> NodeCounters* {
+      auto it = stats_names.find(node);
+      return it == stats_names.end() ? nullptr : stats_.find(it->second);
+    };
+    for (const auto& name : assembler_->stage_names(sink.batch_name))
+      assembly_nodes_.push_back(counters_of(name));
+    // A source's work is reading its records, in the assembly (its pulls are a cursor moving);
+    // a store made in the spine (pack) does its work there.
+    if (assembly_nodes_[0] != nullptr && phase_of(spine_.source_name()) == Phase::kSource)
+      assembly_nodes_[0]->stage = NodeStage::kAssemble;
+    if (device_) device_node_ = counters_of(sink.device_name);
+    if (tracer_ != nullptr) {
+      for (auto& n : stats_.nodes()) n.trace_id = tracer_->intern(n.name);
+      in_flight_name_ = tracer_->intern("batches in flight");
+      consumer_wait_name_ = tracer_->intern("wait for a batch");
+    }
   }
 
   ~Runtime() { stop(); }
@@ -152,6 +181,7 @@ class Loader::Runtime {
       flow::make_edge(*limiter_, *work_);
       flow::make_edge(*work_, *order_);
       flow::make_edge(*order_, *sink_);
+      start_ns_ = stats_now_ns();
       input_->activate();
     });
     started_ = true;
@@ -161,10 +191,50 @@ class Loader::Runtime {
 
   LoaderStats stats() {
     LoaderStats s;
+    const std::uint64_t elapsed =
+        start_ns_ == 0 ? 0 : static_cast<std::uint64_t>(stats_now_ns() - start_ns_);
+    const std::uint64_t spine_ns = spine_ns_.load(), work_ns = work_ns_.load(),
+                        deliver_ns = deliver_ns_.load();
+    s.stages = {{"spine", spine_items_.load(), spine_ns, 1},
+                {"assemble", work_items_.load(), work_ns, workers_},
+                {"deliver", deliver_items_.load(), deliver_ns, 1}};
+    const std::uint64_t blocked = spine_blocked_ns_.load(std::memory_order_relaxed);
+    const auto idle = [&](std::uint64_t busy, int threads) {
+      const std::uint64_t total = elapsed * static_cast<std::uint64_t>(threads);
+      return total > busy ? total - busy : 0;
+    };
+    for (const auto& c : stats_.nodes()) {
+      LoaderStats::Node n;
+      n.name = c.name;
+      n.type = c.type;
+      n.stage = node_stage_name(c.stage);
+      n.threads = c.stage == NodeStage::kAssemble ? workers_ : 1;
+      n.calls = c.calls.load(std::memory_order_relaxed);
+      n.items = c.items.load(std::memory_order_relaxed);
+      n.bytes = c.bytes.load(std::memory_order_relaxed);
+      n.spine_ns = c.busy(NodeStage::kSpine);
+      n.assemble_ns = c.busy(NodeStage::kAssemble);
+      n.deliver_ns = c.busy(NodeStage::kDeliver);
+      n.busy_ns = n.spine_ns + n.assemble_ns + n.deliver_ns;
+      switch (c.stage) {
+        case NodeStage::kSpine:
+          n.wait_input_ns = c.upstream_ns.load(std::memory_order_relaxed);
+          n.wait_output_ns = blocked;
+          break;
+        case NodeStage::kAssemble:
+          n.wait_input_ns = idle(work_ns, workers_);
+          break;
+        case NodeStage::kDeliver:
+          n.wait_input_ns = idle(deliver_ns, 1);
+          break;
+      }
+      s.nodes.push_back(std::move(n));
+    }
+    s.elapsed_ns = elapsed;
+    const std::uint64_t planned = planned_.load(std::memory_order_relaxed);
+    const std::uint64_t taken = taken_.load(std::memory_order_relaxed);
+    s.in_flight = planned > taken ? static_cast<std::size_t>(planned - taken) : 0;
     std::lock_guard lock(mu_);
-    s.stages = {{"spine", spine_items_.load(), spine_ns_.load(), 1},
-                {"assemble", work_items_.load(), work_ns_.load(), workers_},
-                {"deliver", deliver_items_.load(), deliver_ns_.load(), 1}};
     s.consumer_waits = consumer_waits_;
     s.consumer_wait_ns = consumer_wait_ns_;
     s.graph_waits = graph_waits_;
@@ -179,14 +249,26 @@ class Loader::Runtime {
       std::unique_lock lock(mu_);
       if (queue_.empty()) {
         ++consumer_waits_;
-        auto t0 = Clock::now();
+        const std::int64_t t0 = stats_now_ns();
         ready_.wait(lock, [&] { return !queue_.empty(); });
-        consumer_wait_ns_ += elapsed_ns(t0);
+        const std::int64_t t1 = stats_now_ns();
+        consumer_wait_ns_ += static_cast<std::uint64_t>(t1 - t0);
+        if (tracer_ != nullptr) {
+          const ItemMsg& front = queue_.front();
+          const auto step = front.batch ? static_cast<std::int64_t>(front.batch->info.step) : -1;
+          tracer_->span(Tracer::kConsumer, consumer_wait_name_, t0, t1, step);
+        }
       } else if (queue_.size() >= depth_ + static_cast<std::size_t>(workers_)) {
         ++graph_waits_;
       }
       m = std::move(queue_.front());
       queue_.pop_front();
+    }
+    if (m.batch) {
+      const std::uint64_t taken = taken_.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (tracer_ != nullptr)
+        tracer_->counter(in_flight_name_, stats_now_ns(),
+                         static_cast<double>(planned_.load(std::memory_order_relaxed) - taken));
     }
     // Not through arena_.execute: an external thread that finds every arena slot busy would
     // wait for a worker to run the call. A try_put from outside submits its task to the
@@ -226,13 +308,25 @@ class Loader::Runtime {
       ~Count() {
         rt->spine_ns_ += elapsed_ns(t0);
         ++rt->spine_items_;
+        rt->last_plan_end_ns_ = stats_now_ns();
       }
     } count{this, t0};
+    const std::int64_t begin_ns = stats_now_ns();
+    // Between two plans the spine waited on the in-flight limit.
+    if (last_plan_end_ns_ != 0)
+      spine_blocked_ns_.fetch_add(static_cast<std::uint64_t>(begin_ns - last_plan_end_ns_),
+                                  std::memory_order_relaxed);
+    if (tracer_ != nullptr) {
+      spine_before_.clear();
+      for (const auto& n : stats_.nodes()) spine_before_.push_back(n.busy(NodeStage::kSpine));
+    }
     PlanMsg m;
     m.seq = seq_++;
     try {
       std::optional<BatchPlan> plan = spine_.next();
       if (plan) {
+        const std::uint64_t planned = planned_.fetch_add(1, std::memory_order_relaxed) + 1;
+        if (tracer_ != nullptr) trace_plan(*plan, begin_ns, planned);
         m.plan = std::make_shared<BatchPlan>(std::move(*plan));
       } else {
         m.end = true;
@@ -247,6 +341,36 @@ class Loader::Runtime {
       done_ = true;
     }
     return m;
+  }
+
+  /// A span per spine node for the batch just planned: the node's own time in it. Spine nodes
+  /// call each other many times per batch (a pack pulls document by document), so the spans
+  /// are each node's summed own time, laid end to end from the plan's start in pipeline order.
+  void trace_plan(const BatchPlan& plan, std::int64_t begin_ns, std::uint64_t planned) {
+    std::vector<Tracer::Event> events;
+    std::int64_t at = begin_ns;
+    std::size_t i = 0;
+    for (const auto& n : stats_.nodes()) {
+      const std::uint64_t d = n.busy(NodeStage::kSpine) - spine_before_[i++];
+      if (d == 0) continue;
+      Tracer::Event e;
+      e.ts_ns = at;
+      e.dur_ns = static_cast<std::int64_t>(d);
+      e.step = static_cast<std::int64_t>(plan.info.step);
+      e.epoch = static_cast<std::int64_t>(plan.info.epoch);
+      e.track = Tracer::kSpine;
+      e.name = n.trace_id;
+      e.summed = true;
+      events.push_back(e);
+      at += e.dur_ns;
+    }
+    Tracer::Event c;
+    c.ph = 'C';
+    c.ts_ns = stats_now_ns();
+    c.name = in_flight_name_;
+    c.value = static_cast<double>(planned - taken_.load(std::memory_order_relaxed));
+    events.push_back(c);
+    tracer_->add(events.data(), events.size());
   }
 
   ItemMsg assemble(const PlanMsg& m) {
@@ -264,11 +388,38 @@ class Loader::Runtime {
         ++rt->work_items_;
       }
     } count{this, t0};
+    thread_local AssemblyTimes times;
+    const auto step = static_cast<std::int64_t>(m.plan->info.step);
+    const auto epoch = static_cast<std::int64_t>(m.plan->info.epoch);
     try {
-      out.batch = std::make_shared<Batch>(assembler_->assemble(std::move(*m.plan)));
+      out.batch = std::make_shared<Batch>(assembler_->assemble(std::move(*m.plan), &times));
     } catch (...) {
       out.error = std::current_exception();
+      return out;
     }
+    const std::uint32_t track = tracer_ != nullptr ? tracer_->worker_track() : 0;
+    Tracer::Event events[16];
+    std::size_t n_events = 0;
+    // Stages alternate chunk by chunk: the spans are each stage's summed time in the batch,
+    // laid end to end from the batch's start.
+    std::int64_t at = times.begin_ns;
+    for (std::size_t k = 0; k < times.stages.size() && k < assembly_nodes_.size(); ++k) {
+      const AssemblyTimes::Stage& st = times.stages[k];
+      NodeCounters* node = assembly_nodes_[k];
+      if (node == nullptr || (st.items == 0 && st.ns == 0)) continue;
+      node->add(NodeStage::kAssemble, st.ns, st.items, st.bytes);
+      if (tracer_ != nullptr) {
+        Tracer::Event& e = events[n_events++];
+        e = {at, static_cast<std::int64_t>(st.ns), step, epoch, 0, track, node->trace_id};
+        e.summed = true;
+        at += e.dur_ns;
+        if (n_events == std::size(events)) {
+          tracer_->add(events, n_events);
+          n_events = 0;
+        }
+      }
+    }
+    if (n_events > 0) tracer_->add(events, n_events);
     return out;
   }
 
@@ -277,7 +428,20 @@ class Loader::Runtime {
     ItemMsg out = m;
     if (device_ && out.batch && !stopping_.load()) {
       try {
+        const std::int64_t c0 = stats_now_ns();
+        const auto step = static_cast<std::int64_t>(out.batch->info.step);
+        const auto epoch = static_cast<std::int64_t>(out.batch->info.epoch);
+        const std::uint64_t samples = out.batch->info.num_samples;
         out.batch = std::make_shared<Batch>(device_->copy(std::move(*out.batch)));
+        const std::int64_t c1 = stats_now_ns();
+        if (device_node_ != nullptr) {
+          std::uint64_t bytes = 0;
+          for (const auto& [id, t] : out.batch->fields) bytes += t.nbytes();
+          device_node_->add(NodeStage::kDeliver, static_cast<std::uint64_t>(c1 - c0), samples,
+                            bytes);
+          if (tracer_ != nullptr)
+            tracer_->span(Tracer::kDeliver, device_node_->trace_id, c0, c1, step, epoch);
+        }
       } catch (...) {
         try {
           rethrow_with_node(std::current_exception(), "device_copy");
@@ -296,11 +460,16 @@ class Loader::Runtime {
     ++deliver_items_;
   }
 
+  Tracer* tracer_;
+  NodeStatsTable stats_;  // before spine_: it owns the timers between the spine's nodes
   Spine spine_;
   int workers_;
   std::size_t depth_;
   std::unique_ptr<DeviceCopy> device_;
   std::unique_ptr<BatchAssembler> assembler_;
+  std::vector<NodeCounters*> assembly_nodes_;  ///< per AssemblyTimes stage (null: not counted)
+  NodeCounters* device_node_ = nullptr;
+  std::uint16_t in_flight_name_ = 0, consumer_wait_name_ = 0;
 
   ParallelismLease lease_;
   oneapi::tbb::task_arena arena_;
@@ -325,22 +494,136 @@ class Loader::Runtime {
   std::atomic<std::uint64_t> spine_items_{0}, spine_ns_{0}, work_items_{0}, work_ns_{0},
       deliver_items_{0}, deliver_ns_{0};
   std::uint64_t consumer_waits_ = 0, consumer_wait_ns_ = 0, graph_waits_ = 0;
+  std::int64_t start_ns_ = 0;
+  // Spine thread only (the input node is serial), except the atomics.
+  std::int64_t last_plan_end_ns_ = 0;
+  std::vector<std::uint64_t> spine_before_;
+  std::atomic<std::uint64_t> spine_blocked_ns_{0}, planned_{0}, taken_{0};
 };
 
-LoaderStats Loader::stats() const { return runtime_->stats(); }
+LoaderStats Loader::stats() const {
+  LoaderStats s = runtime_->stats();
+  s.consumer_busy_ns = consumer_busy_ns_;
+  return s;
+}
+
+/// What the metrics samples are computed from: the previous sample's counters.
+struct Loader::Metrics {
+  std::FILE* file = nullptr;
+  std::int64_t last_ns = 0;
+  const Runtime* runtime = nullptr;  ///< whose counters `busy` holds (a rebuild starts over)
+  std::vector<std::uint64_t> busy;
+  std::uint64_t wait_ns = 0;
+  std::uint64_t samples = 0, bytes = 0;  ///< since the last sample
+  ~Metrics() {
+    if (file != nullptr) std::fclose(file);
+  }
+};
 
 Loader::Loader(Pipeline pipeline, LoaderOptions options)
     : pipeline_(std::move(pipeline)),
-      options_(options),
+      options_(std::move(options)),
       canonical_(pipeline_.canonical()),
-      fingerprint_(fingerprint_of(canonical_)) {
-  runtime_ = std::make_unique<Runtime>(pipeline_, options_);
+      fingerprint_(fingerprint_of(canonical_)),
+      observer_(std::make_shared<detail::LoaderObserver>()) {
+  if (!options_.trace.empty()) {
+    auto& o = *observer_;
+    o.tracer = std::make_unique<Tracer>(options_.trace);
+    o.consumer_step = o.tracer->intern("consumer step");
+    o.ck_cut = o.tracer->intern("checkpoint cut");
+    o.ck_encode = o.tracer->intern("checkpoint encode");
+    o.ck_write = o.tracer->intern("checkpoint write (state + manifest, fsynced)");
+    o.ck_commit = o.tracer->intern("checkpoint commit (rename + fsync)");
+  }
+  if (!options_.metrics.empty() || options_.on_metrics) {
+    if (!(options_.metrics_interval_s > 0))
+      throw ConfigError("metrics_interval_s", "the metrics interval must be positive");
+    metrics_ = std::make_unique<Metrics>();
+    if (!options_.metrics.empty()) {
+      metrics_->file = std::fopen(options_.metrics.c_str(), "a");
+      if (metrics_->file == nullptr)
+        throw Error("cannot write metrics to '" + options_.metrics + "': " + std::strerror(errno));
+    }
+    metrics_->last_ns = observer_->start_ns;
+  }
+  runtime_ = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
   last_stamp_ = runtime_->spine().snapshot();
 }
 
-Loader::~Loader() = default;
+Loader::~Loader() {
+  // A last metrics line for what happened since the previous one (the end of the data, the
+  // last checkpoints).
+  if (metrics_) {
+    bool pending = metrics_->samples > 0;
+    {
+      std::lock_guard lock(observer_->mu);
+      pending = pending || !observer_->checkpoints.empty();
+    }
+    try {
+      if (pending) sample_metrics(stats_now_ns());
+    } catch (...) {
+      // A destructor does not throw; the callback's error is dropped.
+    }
+  }
+  // The graph stops before the tracer closes its file (the tracer outlives every runtime).
+  runtime_.reset();
+}
+
+void Loader::sample_metrics(std::int64_t now) {
+  Metrics& m = *metrics_;
+  const double dt = static_cast<double>(now - m.last_ns) * 1e-9;
+  const LoaderStats st = stats();
+  if (m.runtime != runtime_.get()) {
+    m.runtime = runtime_.get();
+    m.busy.assign(st.nodes.size(), 0);
+    m.wait_ns = 0;
+  }
+  MetricsSample s;
+  s.t = observer_->seconds_at(now);
+  s.step = last_step_;
+  s.epoch = last_epoch_;
+  s.samples_per_s = dt > 0 ? static_cast<double>(m.samples) / dt : 0;
+  s.mb_per_s = dt > 0 ? static_cast<double>(m.bytes) / dt * 1e-6 : 0;
+  s.in_flight = st.in_flight;
+  for (std::size_t i = 0; i < st.nodes.size(); ++i) {
+    const auto& n = st.nodes[i];
+    const double d = static_cast<double>(n.busy_ns - std::min(n.busy_ns, m.busy[i])) * 1e-9;
+    s.busy.push_back({n.name, dt > 0 ? d / (dt * n.threads) : 0, n.threads});
+    m.busy[i] = n.busy_ns;
+  }
+  s.consumer_wait =
+      dt > 0 ? static_cast<double>(st.consumer_wait_ns - std::min(st.consumer_wait_ns, m.wait_ns)) *
+                   1e-9 / dt
+             : 0;
+  m.wait_ns = st.consumer_wait_ns;
+  s.rss_bytes = current_rss_bytes();
+  {
+    std::lock_guard lock(observer_->mu);
+    s.checkpoints.swap(observer_->checkpoints);
+  }
+  m.samples = m.bytes = 0;
+  m.last_ns = now;
+  if (m.file != nullptr) {
+    const std::string line = to_json_line(s) + "\n";
+    std::fwrite(line.data(), 1, line.size(), m.file);
+    std::fflush(m.file);
+  }
+  if (options_.on_metrics) options_.on_metrics(s);
+}
 
 std::optional<Batch> Loader::next() {
+  const std::int64_t entered = stats_now_ns();
+  if (last_return_ns_ != 0) {
+    consumer_busy_ns_ += static_cast<std::uint64_t>(entered - last_return_ns_);
+    if (observer_->tracer && last_step_)
+      observer_->tracer->span(Tracer::kConsumer, observer_->consumer_step, last_return_ns_, entered,
+                              static_cast<std::int64_t>(*last_step_),
+                              static_cast<std::int64_t>(last_epoch_.value_or(0)));
+  }
+  struct Returned {
+    Loader* l;
+    ~Returned() { l->last_return_ns_ = stats_now_ns(); }
+  } returned{this};
   if (error_) std::rethrow_exception(error_);
   rethrow_failed_save();
   if (finished_) return std::nullopt;
@@ -376,6 +659,13 @@ std::optional<Batch> Loader::next() {
     last_stamp_ = b.stamp;
     last_step_ = b.info.step;
     last_epoch_ = b.info.epoch;
+    if (metrics_) {
+      metrics_->samples += b.info.num_samples;
+      for (const auto& [id, t] : b.fields) metrics_->bytes += t.nbytes();
+      const std::int64_t now = stats_now_ns();
+      if (static_cast<double>(now - metrics_->last_ns) * 1e-9 >= options_.metrics_interval_s)
+        sample_metrics(now);
+    }
     return std::move(b);
   }
 }
@@ -400,7 +690,7 @@ std::string Loader::state() const { return state_struct().encode(); }
 
 void Loader::rebuild(const PipelineState& state) {
   // Open and restore the new spine first: if that fails, the loader keeps running as before.
-  auto rt = std::make_unique<Runtime>(pipeline_, options_);
+  auto rt = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
   rt->spine().restore(state.spine);
   SkipRanges skips{state.skips};
   rt->spine().set_skips(skips);

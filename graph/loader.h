@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <memory>
@@ -24,11 +25,16 @@
 #include <string_view>
 
 #include "flowstate/core/batch.h"
+#include "flowstate/graph/metrics.h"
 #include "flowstate/graph/pipeline.h"
 #include "flowstate/serialization/checkpoint.h"
 #include "flowstate/serialization/pipeline_state.h"
 
 namespace flowstate {
+
+namespace detail {
+struct LoaderObserver;
+}
 
 /// Run parameters of a Loader. None of them changes the batches produced.
 struct LoaderOptions {
@@ -40,6 +46,18 @@ struct LoaderOptions {
   /// steps, and a checkpoint is one step-N holding every rank's part, committed for all at
   /// once (serialization/checkpoint.h).
   std::shared_ptr<Coordinator> coordinator;
+  /// Writes a timeline of the run to this file (Chrome trace-event JSON; graph/trace.h) when
+  /// not empty. Closed when the Loader is destroyed.
+  std::string trace;
+  /// Appends a JSON line of metrics (graph/metrics.h) to this file every metrics_interval_s,
+  /// when not empty.
+  std::string metrics;
+  /// Called with each metrics sample, on the consumer's thread inside next() (and once more
+  /// from the Loader's destructor, for what happened since the last sample).
+  std::function<void(const MetricsSample&)> on_metrics;
+  /// Seconds between metrics samples. A sample is taken by next(), so a consumer that
+  /// stops calling it gets none meanwhile.
+  double metrics_interval_s = 1.0;
 };
 
 /// Where time went in a running Loader, for finding the bottleneck. Counters accumulate over
@@ -53,6 +71,30 @@ struct LoaderStats {
     int concurrency = 1;        ///< workers running the stage
   };
   std::vector<Stage> stages;
+  /// One node of the pipeline (mix inputs' nodes are named "mix[0]/lines").
+  struct Node {
+    std::string name;           ///< "records", "shuffle", "map:augment" (see stats_name)
+    std::string type;           ///< "map"
+    std::string stage;          ///< where most of its work runs: "spine", "assemble", "deliver"
+    int threads = 1;            ///< threads of that stage (the workers for "assemble")
+    std::uint64_t calls = 0;    ///< pulls (spine) or batches (assembly, deliver)
+    std::uint64_t items = 0;    ///< Refs out of its pulls, or samples it worked on
+    std::uint64_t bytes = 0;    ///< bytes of what it made (records read, samples mapped, batches)
+    std::uint64_t busy_ns = 0;  ///< its own time, summed over threads (all stages)
+    std::uint64_t spine_ns = 0, assemble_ns = 0, deliver_ns = 0;  ///< busy_ns by stage
+    /// Time waiting on its input: a spine node's time inside its upstream's pulls; for the
+    /// assembly and deliver, the idle time of the stage's threads (nothing planned yet).
+    std::uint64_t wait_input_ns = 0;
+    /// Time waiting on its output: for spine nodes, the spine held back by the in-flight
+    /// limit (every slot taken); the assembly and deliver never wait on their output.
+    std::uint64_t wait_output_ns = 0;
+  };
+  std::vector<Node> nodes;
+  /// Time since the graph started (0 before the first next()).
+  std::uint64_t elapsed_ns = 0;
+  /// Time the consumer spent outside next() (its own work between batches).
+  std::uint64_t consumer_busy_ns = 0;
+  std::size_t in_flight = 0;  ///< batches planned and not yet taken by the consumer
   /// next() calls that found no batch ready: the pipeline was slower than the consumer.
   std::uint64_t consumer_waits = 0;
   /// Time next() spent waiting for a batch.
@@ -161,6 +203,9 @@ class Loader {
  private:
   class Runtime;
   class AsyncSaves;
+  struct Metrics;
+  /// Takes a metrics sample (LoaderOptions::metrics, on_metrics) at `now` (stats_now_ns).
+  void sample_metrics(std::int64_t now);
   /// Throws the error of a failed async save, once.
   void rethrow_failed_save();
   void rebuild(const PipelineState& state);
@@ -171,7 +216,12 @@ class Loader {
   LoaderOptions options_;
   std::vector<CanonicalParam> canonical_;
   std::uint64_t fingerprint_ = 0;
+  /// Tracer and checkpoint timings, shared with checkpoint writer threads.
+  std::shared_ptr<detail::LoaderObserver> observer_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Runtime> runtime_;
+  std::int64_t last_return_ns_ = 0;  ///< when next() last returned
+  std::uint64_t consumer_busy_ns_ = 0;
   Stamp last_stamp_;
   std::optional<std::uint64_t> last_step_;
   std::optional<std::uint64_t> last_epoch_;

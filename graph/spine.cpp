@@ -4,6 +4,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
+#include "flowstate/graph/node_stats.h"
 #include "flowstate/nodes/batch.h"
 
 namespace flowstate {
@@ -28,16 +29,33 @@ constexpr std::uint32_t kStoreSourceBase = 0x80000000u;
 /// The BuildContext of one pipeline's chain: each node's build adds itself through it.
 class ChainContext final : public BuildContext {
  public:
-  ChainContext(const Pipeline& pipeline, std::uint32_t source_id, Chain& chain, SinkConfig* sink)
-      : pipeline_(pipeline), source_id_(source_id), chain_(chain), sink_(sink) {}
+  ChainContext(const Pipeline& pipeline, std::uint32_t source_id, Chain& chain, SinkConfig* sink,
+               NodeStatsTable* stats, std::string prefix)
+      : pipeline_(pipeline),
+        source_id_(source_id),
+        chain_(chain),
+        sink_(sink),
+        stats_(stats),
+        prefix_(std::move(prefix)) {}
 
   void build(std::size_t index, const NodeSpec& spec) {
     index_ = index;
     spec_ = &spec;
+    counters_ = nullptr;
+    if (stats_ != nullptr) {
+      const Phase p = spec.phase();
+      counters_ = &stats_->add(
+          prefix_ + stats_name(spec), spec.description.type,
+          p == Phase::kBatch || p == Phase::kPerBatch ? NodeStage::kAssemble : NodeStage::kSpine);
+    }
     spec.def->build(*this, *spec.options);
     if (spec.phase() == Phase::kBatch) batch_built_ = true;
     if (const auto* shard = spec.options_as<ShardOptions>(); shard && !shard->after_batch)
       shard_rank_ = *shard->rank;
+  }
+  /// The counters of the chain's last node (null without stats).
+  NodeCounters* last_counters() const {
+    return chain_counters_.empty() ? nullptr : chain_counters_.back();
   }
 
   const std::string& name() const override { return spec_->name; }
@@ -59,8 +77,12 @@ class ChainContext final : public BuildContext {
   const ParallelFor& parallel_for() const override { return runtime_parallel_for(); }
 
   void add(std::unique_ptr<SpineNode> node) override {
-    node->connect(chain_.nodes.empty() ? nullptr : chain_.nodes.back().get());
+    SpineNode* upstream = chain_.nodes.empty() ? nullptr : chain_.nodes.back().get();
+    if (upstream != nullptr && chain_counters_.back() != nullptr)
+      upstream = stats_->timed(upstream, *chain_counters_.back());
+    node->connect(upstream);
     chain_.nodes.push_back(std::move(node));
+    chain_counters_.push_back(counters_);
   }
   void add_store(std::unique_ptr<SpineNode> node, const RecordStore* store) override {
     add(std::move(node));
@@ -69,6 +91,7 @@ class ChainContext final : public BuildContext {
     chain_.stages.clear();  // later maps work on this store's records
   }
   void add_sample_map(SampleFn fn) override {
+    if (counters_ != nullptr) counters_->stage = NodeStage::kAssemble;
     chain_.stages.push_back({spec_->name, map_key(), std::move(fn)});
   }
   void add_batch_map(BatchFn fn) override {
@@ -89,11 +112,16 @@ class ChainContext final : public BuildContext {
   bool after_batch() const override { return batch_built_; }
   std::optional<std::uint64_t> shard_rank() const override { return shard_rank_; }
   void set_prefetch(std::size_t depth) override { sink().prefetch = depth; }
-  void set_device(DeviceCopyOptions options) override { sink().device = std::move(options); }
+  void set_device(DeviceCopyOptions options) override {
+    if (counters_ != nullptr) counters_->stage = NodeStage::kDeliver;
+    sink().device = std::move(options);
+    sink().device_name = spec_->name;
+  }
   std::size_t inputs() const override { return spec_->inputs ? spec_->inputs->size() : 0; }
   Chain build_input(std::size_t i) override {
     if (i >= inputs()) throw Error("node '" + spec_->name + "' has no input " + std::to_string(i));
-    return Spine::build_chain((*spec_->inputs)[i], static_cast<std::uint32_t>(i), nullptr);
+    return Spine::build_chain((*spec_->inputs)[i], static_cast<std::uint32_t>(i), nullptr, stats_,
+                              prefix_ + stats_name(*spec_) + "[" + std::to_string(i) + "]/");
   }
 
  private:
@@ -107,29 +135,43 @@ class ChainContext final : public BuildContext {
   std::uint32_t source_id_;
   Chain& chain_;
   SinkConfig* sink_;
+  NodeStatsTable* stats_;
+  std::string prefix_;  ///< "mix[0]/" in a mix's input
   std::size_t index_ = 0;
   const NodeSpec* spec_ = nullptr;
   bool batch_built_ = false;
   std::optional<std::uint64_t> shard_rank_;
+  NodeCounters* counters_ = nullptr;           ///< the node being built's
+  std::vector<NodeCounters*> chain_counters_;  ///< of chain_.nodes, in order
 };
 
 }  // namespace
 
-Chain Spine::build_chain(const Pipeline& pipeline, std::uint32_t source_id, SinkConfig* sink) {
+Chain Spine::build_chain(const Pipeline& pipeline, std::uint32_t source_id, SinkConfig* sink,
+                         NodeStatsTable* stats, const std::string& prefix,
+                         NodeCounters** last_counters) {
   Chain c;
-  ChainContext ctx(pipeline, source_id, c, sink);
+  ChainContext ctx(pipeline, source_id, c, sink, stats, prefix);
   const auto& specs = pipeline.nodes();
   for (std::size_t i = 0; i < specs.size(); ++i) ctx.build(i, specs[i]);
+  if (last_counters != nullptr) *last_counters = ctx.last_counters();
   return c;
 }
 
-Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs) {
-  chain_ = build_chain(pipeline, 0, &sink_);
+Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs, NodeStatsTable* stats) {
+  NodeCounters* last = nullptr;
+  chain_ = build_chain(pipeline, 0, &sink_, stats, "", &last);
   BatchOptions options = sink_.batch;
   if (!options.user_collate) options.user_collate = sink_.user_collate;
   auto planner = std::make_unique<BatchPlanner>(sink_.batch_name, options);
   planner_ = planner.get();
-  planner->connect(chain_.nodes.back().get());
+  SpineNode* upstream = chain_.nodes.back().get();
+  if (stats != nullptr) {
+    if (last != nullptr) upstream = stats->timed(upstream, *last);
+    for (const auto& spec : pipeline.nodes())
+      if (spec.name == sink_.batch_name) planner_counters_ = stats->find(stats_name(spec));
+  }
+  planner->connect(upstream);
   chain_.nodes.push_back(std::move(planner));
   planner_->set_epochs(epochs);
   if (sink_.slice) planner_->set_slice(*sink_.slice);
@@ -138,7 +180,12 @@ Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs) {
 }
 
 std::optional<BatchPlan> Spine::next() {
-  return planner_->next();  // stamped by the planner, before it looks ahead
+  if (planner_counters_ == nullptr) return planner_->next();
+  SpineScope scope(*planner_counters_);
+  std::optional<BatchPlan> plan =
+      planner_->next();  // stamped by the planner, before it looks ahead
+  if (plan) scope.set_items(plan->info.refs.size());
+  return plan;
 }
 
 Stamp Spine::snapshot() const { return snapshot_nodes(chain_.nodes); }

@@ -26,13 +26,19 @@ struct SinkConfig {
   std::optional<std::size_t> prefetch;
   std::optional<DeviceCopyOptions> device;
   std::optional<BatchSlice> slice;  ///< the elastic layout's cut (shard after batch)
+  std::string device_name;          ///< the device_copy node's
 };
+
+class NodeStatsTable;
+struct NodeCounters;
 
 /// The stateful spine of one running pipeline. Not thread-safe.
 class Spine {
  public:
-  /// Instantiates the pipeline's nodes (opening the data) and the planner.
-  Spine(const Pipeline& pipeline, std::uint64_t epochs);
+  /// Instantiates the pipeline's nodes (opening the data) and the planner. With `stats`, every
+  /// node gets its counters there and the spine nodes' pulls are timed (graph/node_stats.h);
+  /// `stats` must outlive the spine.
+  Spine(const Pipeline& pipeline, std::uint64_t epochs, NodeStatsTable* stats = nullptr);
 
   /// The next scheduled batch, stamped; nullopt after the last epoch.
   std::optional<BatchPlan> next();
@@ -54,12 +60,17 @@ class Spine {
 
   /// Instantiates `pipeline`'s nodes before its batch node; Refs of its source carry
   /// `source_id`. `sink` receives what the nodes from batch on configure (null: none may).
-  static Chain build_chain(const Pipeline& pipeline, std::uint32_t source_id, SinkConfig* sink);
+  /// With `stats`, nodes are counted there under `prefix` + their stats name, and
+  /// `last_counters` receives the chain's last node's counters.
+  static Chain build_chain(const Pipeline& pipeline, std::uint32_t source_id, SinkConfig* sink,
+                           NodeStatsTable* stats = nullptr, const std::string& prefix = "",
+                           NodeCounters** last_counters = nullptr);
 
  private:
   Chain chain_;  ///< source first, planner last
   SinkConfig sink_;
   BatchPlanner* planner_ = nullptr;
+  NodeCounters* planner_counters_ = nullptr;
 };
 
 /// The random key of the node at `index` of type `type` in a pipeline seeded with `seed`.

@@ -1,6 +1,7 @@
 #include "flowstate/nodes/batch.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "flowstate/core/error.h"
@@ -225,7 +226,8 @@ BatchAssembler::BatchAssembler(const RecordStore* store, std::string store_name,
                                std::vector<BatchStage> batch_stages,
                                std::shared_ptr<BufferPool> pool)
     : store_(store),
-      reader_(store, std::move(store_name), std::move(sample_stages)),
+      store_name_(std::move(store_name)),
+      sample_stages_(std::move(sample_stages)),
       options_(std::move(options)),
       batch_stages_(std::move(batch_stages)),
       pool_(std::move(pool)) {}
@@ -264,10 +266,18 @@ void release_records(const RecordStore* store, std::span<const Ref> refs) {
 
 }  // namespace
 
-Batch BatchAssembler::assemble(BatchPlan plan) const {
+std::vector<std::string> BatchAssembler::stage_names(const std::string& batch_name) const {
+  std::vector<std::string> names{store_name_};
+  for (const auto& st : sample_stages_) names.push_back(st.name);
+  names.push_back(batch_name);
+  for (const auto& st : batch_stages_) names.push_back(st.name);
+  return names;
+}
+
+Batch BatchAssembler::assemble(BatchPlan plan, AssemblyTimes* times) const {
   Batch batch;
   try {
-    assemble_into(plan, batch);
+    assemble_into(plan, batch, times);
   } catch (...) {
     // The Refs go back to the store whatever happens (it may hold their values); they are
     // in the plan or, once collated, in the batch.
@@ -279,25 +289,97 @@ Batch BatchAssembler::assemble(BatchPlan plan) const {
   return batch;
 }
 
-void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch) const {
-  if (!reader_.has_maps() && store_->record_bytes() > 0 &&
+namespace {
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::uint64_t sample_bytes(const Sample& s) {
+  std::uint64_t n = 0;
+  for (const auto& [id, t] : s) n += t.nbytes();
+  return n;
+}
+
+std::uint64_t batch_field_bytes(const Batch& b) {
+  std::uint64_t n = 0;
+  for (const auto& [id, t] : b.fields) n += t.nbytes();
+  return n;
+}
+
+}  // namespace
+
+void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes* times) const {
+  // Timing is per stage and chunk of samples: the samples of a chunk are read, then each map
+  // runs over the chunk. A chunk of 16 keeps the samples in cache between stages (as sample by
+  // sample did) at a few clock reads per chunk instead of per sample. Outputs are the same in
+  // any order: each map sees one sample and its own generator.
+  constexpr std::size_t kChunk = 16;
+  std::int64_t t = times != nullptr ? now_ns() : 0;
+  auto mark = [&](std::size_t stage, std::uint64_t items, std::uint64_t bytes) {
+    if (times == nullptr) return;
+    const std::int64_t end = now_ns();
+    AssemblyTimes::Stage& st = times->stages[stage];
+    st.ns += static_cast<std::uint64_t>(end - t);
+    st.items += items;
+    st.bytes += bytes;
+    t = end;
+  };
+  if (times != nullptr) {
+    times->begin_ns = t;
+    times->stages.assign(stage_count(), AssemblyTimes::Stage{});
+  }
+  const std::size_t n = plan.info.refs.size();
+  if (sample_stages_.empty() && store_->record_bytes() > 0 &&
       options_.collate == CollateMode::kStack) {
     try {
       batch = gather(plan);
     } catch (...) {
-      rethrow_with_node(std::current_exception(), reader_.store_name());
+      rethrow_with_node(std::current_exception(), store_name_);
     }
+    mark(0, n, n * store_->record_bytes());
   } else {
-    std::vector<Sample> samples(plan.info.refs.size());
-    for (std::size_t i = 0; i < samples.size(); ++i)
-      reader_.read(plan.info.refs[i], plan.info.epoch, samples[i]);
+    std::vector<Sample> samples(n);
+    for (std::size_t c0 = 0; c0 < n; c0 += kChunk) {
+      const std::size_t c1 = std::min(n, c0 + kChunk);
+      std::uint64_t bytes = 0;
+      for (std::size_t i = c0; i < c1; ++i) {
+        try {
+          store_->read(plan.info.refs[i].record(), samples[i]);  // a padding Ref reads its record
+        } catch (...) {
+          rethrow_with_node(std::current_exception(), store_name_);
+        }
+        if (times != nullptr) bytes += sample_bytes(samples[i]);
+      }
+      mark(0, c1 - c0, bytes);
+      for (std::size_t k = 0; k < sample_stages_.size(); ++k) {
+        const SampleStage& stage = sample_stages_[k];
+        bytes = 0;
+        for (std::size_t i = c0; i < c1; ++i) {
+          MapContext ctx{
+              plan.info.epoch,
+              ElementRng(stage.key, element_stream(plan.info.epoch, plan.info.refs[i].record()))};
+          try {
+            stage.fn(samples[i], ctx);
+          } catch (...) {
+            rethrow_with_node(std::current_exception(), stage.name);
+          }
+          if (times != nullptr) bytes += sample_bytes(samples[i]);
+        }
+        mark(1 + k, c1 - c0, bytes);
+      }
+    }
     try {
       batch = collate(plan, samples);
     } catch (...) {
       rethrow_with_node(std::current_exception(), "batch");
     }
+    mark(1 + sample_stages_.size(), n, times != nullptr ? batch_field_bytes(batch) : 0);
   }
-  for (const auto& stage : batch_stages_) {
+  for (std::size_t k = 0; k < batch_stages_.size(); ++k) {
+    const BatchStage& stage = batch_stages_[k];
     MapContext ctx{batch.info.epoch,
                    ElementRng(stage.key, philox64(batch.info.epoch, batch.info.step, 1))};
     try {
@@ -305,6 +387,8 @@ void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch) const {
     } catch (...) {
       rethrow_with_node(std::current_exception(), stage.name);
     }
+    mark(2 + sample_stages_.size() + k, batch.info.num_samples,
+         times != nullptr ? batch_field_bytes(batch) : 0);
   }
 }
 

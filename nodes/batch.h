@@ -239,6 +239,20 @@ class MappedReader final : public SampleReader {
   std::vector<SampleStage> stages_;
 };
 
+/// Where BatchAssembler::assemble spent one batch's time, stage by stage, for the runtime's
+/// accounting and trace. Stages: 0 reading the store's records (with the fast path's gather
+/// into the batch), 1..k the per-sample maps in order, k+1 collation (the batch node), then
+/// the batch maps in order. A stage that did not run has items == 0 and ns == 0.
+struct AssemblyTimes {
+  struct Stage {
+    std::uint64_t ns = 0;     ///< time in the stage (summed over the chunks of the batch)
+    std::uint64_t items = 0;  ///< samples it worked on
+    std::uint64_t bytes = 0;  ///< bytes it produced (read: record bytes)
+  };
+  std::int64_t begin_ns = 0;  ///< when the batch's assembly started (steady_clock)
+  std::vector<Stage> stages;
+};
+
 /// Turns plans into batches: stateless, thread-safe, runs on parallel workers.
 class BatchAssembler {
  public:
@@ -247,18 +261,24 @@ class BatchAssembler {
   BatchAssembler(const RecordStore* store, std::string store_name, BatchOptions options,
                  std::vector<SampleStage> sample_stages, std::vector<BatchStage> batch_stages,
                  std::shared_ptr<BufferPool> pool);
-  /// Reads, maps and collates one planned batch. Errors carry the failing node's name.
-  Batch assemble(BatchPlan plan) const;
+  /// Reads, maps and collates one planned batch. Errors carry the failing node's name. With
+  /// `times`, records the time of each stage.
+  Batch assemble(BatchPlan plan, AssemblyTimes* times = nullptr) const;
+  /// Number of stages in AssemblyTimes: read, the sample maps, collate, the batch maps.
+  std::size_t stage_count() const { return 2 + sample_stages_.size() + batch_stages_.size(); }
+  /// The node names of the stages (the store's, each map's, "batch"'s), in AssemblyTimes order.
+  std::vector<std::string> stage_names(const std::string& batch_name) const;
 
  private:
-  void assemble_into(BatchPlan& plan, Batch& batch) const;
+  void assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes* times) const;
   Batch gather(BatchPlan& plan) const;  // fast path: records straight into the batch buffer
   Batch collate(BatchPlan& plan, std::vector<Sample>& samples) const;
   /// The collate mode of field `id` whose first sample's tensor is `proto`.
   CollateMode mode_of(FieldId id, const Tensor& proto) const;
 
   const RecordStore* store_;
-  MappedReader reader_;
+  std::string store_name_;
+  std::vector<SampleStage> sample_stages_;
   BatchOptions options_;
   std::vector<BatchStage> batch_stages_;
   std::shared_ptr<BufferPool> pool_;

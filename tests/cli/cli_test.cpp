@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "flowstate/config/yaml.h"
@@ -263,14 +264,91 @@ TEST_F(Cli, BenchNamesTheBottleneckAndWarnsWhenTheTimingIsShort) {
   CliResult r = run({"bench", "p.yaml", "--steps", "20", "--warmup", "2", "--repeat", "1"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(std::regex_search(
-      r.out, std::regex("\nbottleneck: ((spine|assemble|deliver) \\([0-9]+% busy on [0-9]+ "
-                        "workers?\\)|the consumer \\(the graph waited on it [0-9]+ times, it "
-                        "on the graph [0-9]+\\))\n")))
+      r.out, std::regex("\nbottleneck: ([a-z_:#]+ — [0-9]+% busy (on [0-9]+ workers?|in the "
+                        "spine|in deliver).*|the consumer — the graph waited on it [0-9]+ "
+                        "times, it on the graph [0-9]+)\n")))
       << r.out;
   EXPECT_TRUE(std::regex_search(
       r.err, std::regex("flowstate: warning: the timed part took [0-9.]+ m?s, shorter than a "
                         "second: the numbers are noisy; time more batches \\(--steps\\)\n")))
       << r.err;
+}
+
+TEST_F(Cli, BenchTraceShowsTheNodeTheVerdictNames) {
+  CliResult r = run(
+      {"bench", "p.yaml", "--steps", "200", "--warmup", "0", "--repeat", "1", "--trace", "t.json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\nbottleneck: (.*)\n"))) << r.out;
+  const std::string verdict = m[1];
+  const nlohmann::json events = nlohmann::json::parse(read_file(path("t.json")));
+  // Own time per span name, on the spine's track and on the workers' tracks.
+  std::map<std::string, double> spine, workers;
+  for (const auto& e : events) {
+    if (e["ph"] != "X") continue;
+    const int tid = e["tid"];
+    if (tid == 1) spine[e["name"]] += e["dur"].get<double>();
+    if (tid >= 10) workers[e["name"]] += e["dur"].get<double>();
+  }
+  ASSERT_FALSE(workers.empty());
+  if (verdict.rfind("the consumer", 0) == 0) GTEST_SKIP() << "consumer-bound: " << verdict;
+  const std::string node = verdict.substr(0, verdict.find(" — "));
+  const auto& group = verdict.find("in the spine") != std::string::npos ? spine : workers;
+  ASSERT_TRUE(group.count(node)) << node << " has no spans where the verdict puts it";
+  // The trace covers the first batch too, the verdict only the timed part: nodes within a few
+  // percent of each other may swap, so the verdict's node must be within 20% of the busiest.
+  double most = 0;
+  for (const auto& [name, us] : group) most = std::max(most, us);
+  EXPECT_GE(group.at(node), 0.8 * most) << node << " in " << r.out;
+}
+
+TEST_F(Cli, RunWritesMetricsAndTraceAndReportPlotsThem) {
+  CliResult r =
+      run({"run", "p.yaml", "--epochs", "2", "--checkpoint-dir", "ck", "--checkpoint-every", "100",
+           "--metrics", "m.jsonl", "--metrics-interval", "0.005", "--trace", "t.json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::vector<std::string> lines = read_lines(path("m.jsonl"));
+  ASSERT_GE(lines.size(), 2u);
+  std::vector<double> sps;
+  std::size_t checkpoints = 0;
+  for (const auto& l : lines) {
+    const nlohmann::json j = nlohmann::json::parse(l);
+    sps.push_back(j["samples_per_s"].get<double>());
+    checkpoints += j["checkpoints"].size();
+    EXPECT_TRUE(j["busy"].contains("map:random_crop")) << l;
+  }
+  EXPECT_EQ(checkpoints, 3u);  // steps 100, 200 and the end (250)
+  EXPECT_NO_THROW((void)nlohmann::json::parse(read_file(path("t.json"))));
+
+  CliResult rep = run({"report", "m.jsonl", "--trace", "t.json", "-o", "report.html"});
+  ASSERT_EQ(rep.status, 0) << rep.err;
+  const std::string html = read_file(path("report.html"));
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_EQ(html.find("http://"), html.find("http://www.w3.org/2000/svg"));  // no network
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  // The throughput series is the metrics file's, value for value.
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(html, m, std::regex("data-series='samples_per_s' data-values='([^']*)'")));
+  std::istringstream values(m[1].str());
+  std::vector<double> plotted;
+  for (double v; values >> v;) plotted.push_back(v);
+  ASSERT_EQ(plotted.size(), sps.size());
+  for (std::size_t i = 0; i < sps.size(); ++i)
+    EXPECT_NEAR(plotted[i], sps[i], 1e-5 * sps[i] + 1e-9);
+  for (const char* node : {"records", "shuffle", "map:random_crop", "batch"})
+    EXPECT_NE(html.find(std::string("data-node='") + node + "'"), std::string::npos) << node;
+  std::size_t marks = 0;
+  for (std::size_t at = html.find("class='checkpoint'"); at != std::string::npos;
+       at = html.find("class='checkpoint'", at + 1))
+    ++marks;
+  EXPECT_EQ(marks, 3 * checkpoints);  // on each of the three charts
+  EXPECT_NE(html.find("<table class='summary'>"), std::string::npos);
+  EXPECT_NE(html.find("<table class='trace'>"), std::string::npos);
+
+  CliResult bad = run({"report", "p.yaml", "-o", "x.html"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("p.yaml:1: not a metrics line"), std::string::npos) << bad.err;
 }
 
 // ---- run ----

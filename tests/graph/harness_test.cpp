@@ -1,4 +1,4 @@
-// The bench harness's verdict: the bottleneck line from the stages of the median run.
+// The bench harness's verdict: the bottleneck line from the stages and nodes of the median run.
 #include "flowstate/graph/harness.h"
 
 #include <gtest/gtest.h>
@@ -9,25 +9,67 @@ namespace {
 BenchReport report_of(RunReport run) {
   BenchReport r;
   run.samples_per_s = 100;
+  run.seconds = 10;
   r.runs.push_back(std::move(run));
   r.samples_per_s = summarize({100});
   return r;
 }
 
-TEST(BenchHarness, NamesTheBusiestStageAsTheBottleneck) {
+RunReport map_heavy_run() {
   RunReport run;
   run.stages = {{.name = "spine", .concurrency = 1, .utilization = 0.10},
-                {.name = "assemble", .concurrency = 2, .utilization = 0.92},
+                {.name = "assemble", .concurrency = 2, .utilization = 0.94},
                 {.name = "deliver", .concurrency = 1, .utilization = 0.05}};
+  run.nodes = {{.name = "records", .stage = "spine", .spine_s = 0.2, .assemble_s = 4.0},
+               {.name = "shuffle", .stage = "spine", .spine_s = 0.8},
+               {.name = "map:augment", .stage = "assemble", .threads = 2, .assemble_s = 14.2},
+               {.name = "batch", .stage = "assemble", .threads = 2, .assemble_s = 0.6}};
   run.consumer_waits = 40;
-  run.graph_waits = 0;
-  const BenchReport r = report_of(run);
-  EXPECT_EQ(bottleneck(r), "bottleneck: assemble (92% busy on 2 workers)");
-  EXPECT_NE(format_report(r).find("\nbottleneck: assemble (92% busy on 2 workers)\n"),
-            std::string::npos);
-  run.stages[1].utilization = 0.2;
+  return run;
+}
+
+TEST(BenchHarness, NamesTheBusiestNodeOfTheBusiestStage) {
+  const BenchReport r = report_of(map_heavy_run());
+  const std::string line =
+      "bottleneck: map:augment — 71% busy on 2 workers (the workers 94% busy); more workers "
+      "would help";
+  EXPECT_EQ(bottleneck(r), line);
+  EXPECT_NE(format_report(r).find("\n" + line + "\n"), std::string::npos);
+}
+
+TEST(BenchHarness, SaysMoreWorkersWouldNotHelpASerialSpine) {
+  RunReport run = map_heavy_run();
   run.stages[0].utilization = 0.97;
-  EXPECT_EQ(bottleneck(report_of(run)), "bottleneck: spine (97% busy on 1 worker)");
+  run.stages[1].utilization = 0.2;
+  run.nodes[1].spine_s = 8.1;
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: shuffle — 81% busy in the spine (serial, 97% busy); more workers would "
+            "not help");
+}
+
+TEST(BenchHarness, PassesOverADeliverStageWhereNoNodeWorks) {
+  // Without device_copy, deliver only hands batches over; a busy hand-off is not a node.
+  RunReport run = map_heavy_run();
+  run.stages[2].utilization = 0.99;
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: map:augment — 71% busy on 2 workers (the workers 94% busy); more workers "
+            "would help");
+  run.nodes.push_back({.name = "device_copy", .stage = "deliver", .deliver_s = 9.0});
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: device_copy — 90% busy in deliver (serial, 99% busy)");
+}
+
+TEST(BenchHarness, PrintsOneVerdictAndATableOfEveryNode) {
+  const std::string text = format_report(report_of(map_heavy_run()));
+  for (const char* node : {"\nrecords ", "\nshuffle ", "\nmap:augment ", "\nbatch ", "\nconsumer "})
+    EXPECT_NE(text.find(node), std::string::npos) << node << " in\n" << text;
+  EXPECT_EQ(text.find("pipeline-bound"), std::string::npos) << text;
+  EXPECT_EQ(text.find("consumer-bound"), std::string::npos) << text;
+  std::size_t verdicts = 0;
+  for (std::size_t at = text.find("bottleneck:"); at != std::string::npos;
+       at = text.find("bottleneck:", at + 1))
+    ++verdicts;
+  EXPECT_EQ(verdicts, 1u) << text;
 }
 
 TEST(BenchHarness, NamesTheConsumerWhenTheGraphWaitsOnIt) {
@@ -36,7 +78,7 @@ TEST(BenchHarness, NamesTheConsumerWhenTheGraphWaitsOnIt) {
   run.consumer_waits = 2;
   run.graph_waits = 180;
   EXPECT_EQ(bottleneck(report_of(run)),
-            "bottleneck: the consumer (the graph waited on it 180 times, it on the graph 2)");
+            "bottleneck: the consumer — the graph waited on it 180 times, it on the graph 2");
   EXPECT_EQ(bottleneck(BenchReport{}), "");
 }
 

@@ -1,0 +1,88 @@
+#include "flowstate/graph/node_stats.h"
+
+namespace flowstate {
+
+namespace {
+
+thread_local SpineScope* t_scope = nullptr;
+
+/// Sits between a spine node and its upstream and times the upstream's pulls; everything
+/// else goes straight through. Not part of the chain: snapshots and restores never see it.
+class TimedUpstream final : public SpineNode {
+ public:
+  TimedUpstream(SpineNode* inner, NodeCounters& counters)
+      : SpineNode(inner->name()), inner_(inner), c_(counters) {}
+  std::uint64_t size(std::uint64_t epoch) const override { return inner_->size(epoch); }
+  bool indexed() const override { return inner_->indexed(); }
+  // Not timed: a random-access read of a Ref is a few nanoseconds, called per Ref; it counts
+  // as the caller's time.
+  Ref at(std::uint64_t epoch, std::uint64_t i) const override { return inner_->at(epoch, i); }
+  void start_epoch(std::uint64_t epoch) override { inner_->start_epoch(epoch); }
+  std::size_t pull(std::span<Ref> out) override {
+    SpineScope scope(c_);
+    const std::size_t n = inner_->pull(out);
+    scope.set_items(n);
+    return n;
+  }
+  std::shared_ptr<const NodeSnapshot> snapshot() const override { return inner_->snapshot(); }
+  void restore(InArchive& ar) override { inner_->restore(ar); }
+
+ private:
+  SpineNode* inner_;
+  NodeCounters& c_;
+};
+
+}  // namespace
+
+const char* node_stage_name(NodeStage stage) {
+  switch (stage) {
+    case NodeStage::kSpine:
+      return "spine";
+    case NodeStage::kAssemble:
+      return "assemble";
+    case NodeStage::kDeliver:
+      return "deliver";
+  }
+  return "?";
+}
+
+std::string stats_name(const NodeSpec& spec) {
+  const std::string& type = spec.description.type;
+  if (spec.name == type || spec.name.rfind(type + "#", 0) == 0) return spec.name;
+  return type + ":" + spec.name;
+}
+
+SpineScope::SpineScope(NodeCounters& counters)
+    : c_(counters), parent_(t_scope), t0_(stats_now_ns()) {
+  t_scope = this;
+}
+
+SpineScope::~SpineScope() {
+  const auto total = static_cast<std::uint64_t>(stats_now_ns() - t0_);
+  const std::uint64_t own = total > child_ns_ ? total - child_ns_ : 0;
+  c_.add(NodeStage::kSpine, own, items_, 0);
+  c_.upstream_ns.fetch_add(child_ns_, std::memory_order_relaxed);
+  if (parent_ != nullptr) parent_->child_ns_ += total;
+  t_scope = parent_;
+}
+
+NodeCounters& NodeStatsTable::add(std::string name, std::string type, NodeStage stage) {
+  NodeCounters& c = nodes_.emplace_back();
+  c.name = std::move(name);
+  c.type = std::move(type);
+  c.stage = stage;
+  return c;
+}
+
+NodeCounters* NodeStatsTable::find(const std::string& name) {
+  for (auto& n : nodes_)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+SpineNode* NodeStatsTable::timed(SpineNode* upstream, NodeCounters& counters) {
+  timers_.push_back(std::make_unique<TimedUpstream>(upstream, counters));
+  return timers_.back().get();
+}
+
+}  // namespace flowstate

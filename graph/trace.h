@@ -1,0 +1,104 @@
+// Tracer: a timeline of a running Loader as Chrome trace-event JSON (the "JSON Array Format"
+// that Perfetto UI and chrome://tracing open): one track per thread — the spine, each
+// assembly worker, the deliver step (the device stream with device_copy), the consumer and
+// the checkpoint writer —, complete ("X") spans with the step and epoch as arguments, and
+// counters ("C") of the batches in flight.
+//
+//   Tracer t("run.json");
+//   const auto name = t.intern("map:augment");
+//   t.span(Tracer::kSpine, name, begin_ns, end_ns, step, epoch);
+//   // ~Tracer writes what is left and closes the JSON array
+//
+// Memory is bounded: events go into a buffer of `capacity` events that a writer thread
+// drains to the file every 50 ms (and whenever it is half full); when the writer falls behind,
+// new events are dropped and counted, and the count is written at the end ("dropped_events"
+// in the trace's last metadata event). Timestamps are microseconds since the tracer started.
+//
+// Thread-safety: every member may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace flowstate {
+
+class Tracer {
+ public:
+  /// Fixed tracks (Chrome's "tid"); assembly workers get kWorker0 + k.
+  enum Track : std::uint32_t {
+    kSpine = 1,
+    kDeliver = 2,
+    kConsumer = 3,
+    kCheckpoint = 4,
+    kWorker0 = 10,
+  };
+  /// One event; `step` and `epoch` < 0 are left out.
+  struct Event {
+    std::int64_t ts_ns = 0;   ///< steady_clock
+    std::int64_t dur_ns = 0;  ///< spans
+    std::int64_t step = -1;
+    std::int64_t epoch = -1;
+    double value = 0;  ///< counters
+    std::uint32_t track = 0;
+    std::uint16_t name = 0;
+    char ph = 'X';        ///< 'X' span, 'C' counter
+    bool summed = false;  ///< a spine node's own time in a batch, laid end to end (see loader)
+  };
+
+  /// Opens `path` for writing (truncating it); throws Error naming the path when it cannot.
+  explicit Tracer(const std::string& path, std::size_t capacity = 1 << 16);
+  /// Writes the remaining events and closes the JSON array.
+  ~Tracer();
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  /// The id of an event name (the same id for the same name).
+  std::uint16_t intern(std::string_view name);
+  /// This thread's worker track, named "worker k" on first use (k counts from 0 per tracer).
+  std::uint32_t worker_track();
+  /// A span [begin_ns, end_ns) on `track`.
+  void span(std::uint32_t track, std::uint16_t name, std::int64_t begin_ns, std::int64_t end_ns,
+            std::int64_t step = -1, std::int64_t epoch = -1);
+  /// A counter's value at `ts_ns`.
+  void counter(std::uint16_t name, std::int64_t ts_ns, double value);
+  /// Several events at once (one lock).
+  void add(const Event* events, std::size_t n);
+  /// Events dropped so far because the buffer was full.
+  std::uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  const std::string& path() const { return path_; }
+
+ private:
+  void name_track(std::uint32_t track, const std::string& name, int sort_index);
+  void run_writer();
+  void write(const std::vector<Event>& events);
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  std::size_t capacity_;
+  std::int64_t origin_ns_;
+  int pid_;
+  std::uint64_t id_;  ///< distinguishes tracers for the per-thread worker track
+
+  std::mutex names_mu_;
+  std::deque<std::string> names_;
+  std::atomic<std::uint32_t> next_worker_{0};
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<Event> pending_;
+  std::vector<std::string> pending_meta_;  ///< metadata events, already JSON
+  bool stop_ = false;
+  bool first_ = true;  ///< no event written yet (no comma before the next)
+  std::atomic<std::uint64_t> dropped_{0};
+  std::thread writer_;
+};
+
+}  // namespace flowstate

@@ -1,0 +1,271 @@
+// Seeing where the time goes: per-node counters (Loader::stats), the trace file
+// (LoaderOptions::trace) and the metrics lines (LoaderOptions::metrics, on_metrics). The trace
+// and metrics formats are checked by parsing them.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/metrics.h"
+#include "flowstate/graph/trace.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+using testing::TempDir;
+
+class Observe : public ::testing::Test {
+ protected:
+  void SetUp() override { glob_ = testing::write_records(dir_.str(), 2000, 64, 2); }
+  /// records -> shuffle -> map:augment (slow) -> filter-free -> batch
+  Pipeline pipeline(std::chrono::microseconds map_cost = std::chrono::microseconds(20)) const {
+    return Pipeline::Builder()
+        .seed(5)
+        .workers(2)
+        .records({.paths = {glob_}, .record_bytes = 64})
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 100})
+        .map(
+            [map_cost](Sample& s, MapContext&) {
+              const auto until = std::chrono::steady_clock::now() + map_cost;
+              while (std::chrono::steady_clock::now() < until) {
+              }
+              Tensor extra(DType::kUInt8, Shape{8});
+              std::memset(extra.data(), 7, 8);
+              s.set("extra", std::move(extra));
+            },
+            {.name = "augment"})
+        .batch({.size = 32})
+        .build();
+  }
+  TempDir dir_;
+  std::string glob_;
+};
+
+const LoaderStats::Node* node(const LoaderStats& s, const std::string& name) {
+  for (const auto& n : s.nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+TEST_F(Observe, StatsCountEveryNodeByName) {
+  Loader loader(pipeline(), {.epochs = 1});
+  std::uint64_t batches = 0, samples = 0;
+  while (auto b = loader.next()) {
+    ++batches;
+    samples += b->info.num_samples;
+  }
+  const LoaderStats s = loader.stats();
+  std::vector<std::string> names;
+  for (const auto& n : s.nodes) names.push_back(n.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"records", "shuffle", "map:augment", "batch"}));
+
+  const auto* map = node(s, "map:augment");
+  ASSERT_NE(map, nullptr);
+  EXPECT_EQ(map->stage, "assemble");
+  EXPECT_EQ(map->threads, 2);
+  EXPECT_EQ(map->calls, batches);
+  EXPECT_EQ(map->items, samples);
+  EXPECT_EQ(map->bytes, samples * (64 + 8));  // each sample leaves the map with 72 bytes
+  // 2000 samples x 20 us of spinning.
+  EXPECT_GE(map->busy_ns, 2000u * 20'000u);
+  EXPECT_EQ(map->busy_ns, map->assemble_ns);
+
+  const auto* records = node(s, "records");
+  ASSERT_NE(records, nullptr);
+  EXPECT_EQ(records->items, samples);  // read in the assembly
+  EXPECT_EQ(records->bytes, samples * 64);
+  EXPECT_GT(records->assemble_ns, 0u);
+
+  const auto* shuffle = node(s, "shuffle");
+  ASSERT_NE(shuffle, nullptr);
+  EXPECT_EQ(shuffle->stage, "spine");
+  EXPECT_EQ(shuffle->items, samples);  // the Refs the planner pulled from it
+  EXPECT_GT(shuffle->spine_ns, 0u);
+
+  const auto* batch = node(s, "batch");
+  ASSERT_NE(batch, nullptr);
+  EXPECT_EQ(batch->items, samples);
+  EXPECT_GT(batch->spine_ns, 0u);     // planning
+  EXPECT_GT(batch->assemble_ns, 0u);  // collating
+  EXPECT_GE(batch->wait_input_ns, 0u);
+  // The map is the busiest by far.
+  for (const auto& n : s.nodes)
+    if (n.name != "map:augment") EXPECT_LT(n.busy_ns, map->busy_ns) << n.name;
+  EXPECT_GT(s.elapsed_ns, 0u);
+}
+
+TEST_F(Observe, AYamlStyleNodeIsNamedAfterItsType) {
+  // A node whose name is its type stays as it is; another gets "type:name".
+  Pipeline p = Pipeline::Builder()
+                   .records({.paths = {glob_}, .record_bytes = 64})
+                   .filter([](const Sample&, MapContext&) { return true; }, {.name = "long_enough"})
+                   .batch({.size = 50})
+                   .prefetch({.depth = 2})
+                   .build();
+  Loader loader(p, {.epochs = 1});
+  while (loader.next()) {
+  }
+  std::vector<std::string> names;
+  for (const auto& n : loader.stats().nodes) names.push_back(n.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"records", "filter:long_enough", "batch", "prefetch"}));
+  EXPECT_EQ(node(loader.stats(), "filter:long_enough")->items, 2000u);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);  // throws on a malformed trace
+}
+
+TEST_F(Observe, TraceIsChromeTraceEventJson) {
+  const std::string trace = dir_ / "t.json";
+  const std::string ckpt = dir_ / "ck";
+  {
+    LoaderOptions o{.epochs = 1};
+    o.trace = trace;
+    Loader loader(pipeline(), o);
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(loader.next());
+    loader.save_checkpoint_async(ckpt).get();
+    while (loader.next()) {
+    }
+  }
+  const nlohmann::json events = read_json(trace);
+  ASSERT_TRUE(events.is_array());
+  std::map<int, std::string> tracks;
+  std::map<std::string, std::set<int>> span_tracks;
+  std::set<std::int64_t> map_steps;
+  std::size_t counters = 0;
+  int pid = -1;
+  for (const auto& e : events) {
+    ASSERT_TRUE(e.contains("ph") && e.contains("pid") && e.contains("name")) << e;
+    if (pid == -1) pid = e["pid"].get<int>();
+    EXPECT_EQ(e["pid"].get<int>(), pid);
+    const std::string ph = e["ph"];
+    if (ph == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    if (ph == "X") {
+      ASSERT_TRUE(e["ts"].is_number() && e["dur"].is_number()) << e;
+      EXPECT_GE(e["dur"].get<double>(), 0) << e;
+      span_tracks[e["name"]].insert(e["tid"].get<int>());
+      if (e["name"] == "map:augment") {
+        ASSERT_TRUE(e["args"].contains("step") && e["args"].contains("epoch")) << e;
+        map_steps.insert(e["args"]["step"].get<std::int64_t>());
+      }
+    }
+    if (ph == "C") {
+      EXPECT_EQ(e["name"], "batches in flight");
+      EXPECT_GE(e["args"]["value"].get<double>(), 0);
+      ++counters;
+    }
+  }
+  std::set<std::string> names;
+  for (const auto& [tid, name] : tracks) names.insert(name);
+  for (const char* t : {"spine", "consumer", "checkpoint writer", "worker 0"})
+    EXPECT_TRUE(names.count(t)) << t;
+  // A span per node per batch, each on its thread's track.
+  EXPECT_EQ(map_steps.size(), 63u);  // ceil(2000 / 32)
+  for (int tid : span_tracks["map:augment"]) EXPECT_EQ(tracks[tid].rfind("worker ", 0), 0u);
+  for (const char* n : {"shuffle", "batch"}) EXPECT_TRUE(span_tracks[n].count(Tracer::kSpine)) << n;
+  EXPECT_TRUE(span_tracks["records"].size() >= 1);
+  EXPECT_TRUE(span_tracks.count("consumer step"));
+  for (const char* n : {"checkpoint encode", "checkpoint write (state + manifest, fsynced)",
+                        "checkpoint commit (rename + fsync)"}) {
+    ASSERT_TRUE(span_tracks.count(n)) << n;
+    EXPECT_TRUE(span_tracks[n].count(Tracer::kCheckpoint)) << n;
+  }
+  EXPECT_TRUE(span_tracks["checkpoint cut"].count(Tracer::kConsumer));
+  EXPECT_GT(counters, 0u);
+  EXPECT_EQ(events.back()["args"]["dropped_events"], 0);
+}
+
+TEST_F(Observe, TraceMemoryIsBoundedAndDropsAreCounted) {
+  const std::string path = dir_ / "small.json";
+  {
+    Tracer t(path, 64);
+    const auto name = t.intern("x");
+    for (int i = 0; i < 10000; ++i) t.span(Tracer::kSpine, name, i * 1000, i * 1000 + 10);
+  }
+  const nlohmann::json events = read_json(path);
+  std::size_t spans = 0;
+  for (const auto& e : events) spans += e["ph"] == "X";
+  const auto dropped = events.back()["args"]["dropped_events"].get<std::size_t>();
+  EXPECT_EQ(spans + dropped, 10000u);
+}
+
+TEST_F(Observe, MetricsLinesComeEveryIntervalAndParse) {
+  const std::string path = dir_ / "m.jsonl";
+  std::vector<MetricsSample> seen;
+  {
+    LoaderOptions o{.epochs = 1};
+    o.metrics = path;
+    o.metrics_interval_s = 0.01;
+    o.on_metrics = [&](const MetricsSample& s) { seen.push_back(s); };
+    Loader loader(pipeline(std::chrono::microseconds(40)), o);
+    int i = 0;
+    while (loader.next()) {
+      if (++i == 30) loader.save_checkpoint(dir_ / "ck");
+    }
+  }
+  std::ifstream in(path);
+  std::string line;
+  std::vector<nlohmann::ordered_json> lines;
+  while (std::getline(in, line)) lines.push_back(nlohmann::ordered_json::parse(line));
+  ASSERT_GE(lines.size(), 3u);
+  ASSERT_EQ(lines.size(), seen.size());
+  double t = 0;
+  std::uint64_t step = 0;
+  std::size_t checkpoints = 0;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto& j = lines[i];
+    for (const char* key : {"t", "step", "epoch", "samples_per_s", "mb_per_s", "in_flight", "busy",
+                            "threads", "consumer_wait", "rss_bytes", "checkpoints"})
+      ASSERT_TRUE(j.contains(key)) << key << " in " << j;
+    EXPECT_GT(j["t"].get<double>(), t);
+    t = j["t"];
+    EXPECT_GE(j["step"].get<std::uint64_t>(), step);
+    step = j["step"];
+    EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+    EXPECT_GT(j["rss_bytes"].get<std::uint64_t>(), 0u);
+    EXPECT_TRUE(j["busy"].contains("map:augment")) << j;
+    EXPECT_EQ(j["threads"]["map:augment"], 2);
+    for (const auto& [name, share] : j["busy"].items()) {
+      EXPECT_GE(share.get<double>(), 0) << name;
+      // A batch's time counts when it ends, so a short interval may hold more than its share.
+      EXPECT_LE(share.get<double>(), 3) << name;
+    }
+    for (const auto& c : j["checkpoints"]) {
+      EXPECT_EQ(c["step"], 30);
+      EXPECT_GT(c["write_s"].get<double>(), 0);
+      ++checkpoints;
+    }
+    // The callback got the same sample.
+    EXPECT_EQ(to_json_line(seen[i]), j.dump());
+    EXPECT_EQ(to_json_line(parse_metrics_line(j.dump())), j.dump());
+  }
+  EXPECT_EQ(checkpoints, 1u);
+}
+
+TEST_F(Observe, StatsAndTracingNeverChangeTheBatches) {
+  std::vector<std::uint64_t> plain, traced;
+  {
+    Loader loader(pipeline(std::chrono::microseconds(0)), {.epochs = 1});
+    while (auto b = loader.next()) plain.push_back(b->digest());
+  }
+  {
+    LoaderOptions o{.epochs = 1, .workers = 3};
+    o.trace = dir_ / "t.json";
+    o.metrics = dir_ / "m.jsonl";
+    Loader loader(pipeline(std::chrono::microseconds(0)), o);
+    while (auto b = loader.next()) traced.push_back(b->digest());
+  }
+  EXPECT_EQ(plain, traced);
+}
+
+}  // namespace
+}  // namespace flowstate
