@@ -14,6 +14,7 @@ class TimedUpstream final : public SpineNode {
       : SpineNode(inner->name()), inner_(inner), c_(counters) {}
   std::uint64_t size(std::uint64_t epoch) const override { return inner_->size(epoch); }
   bool indexed() const override { return inner_->indexed(); }
+  const SpineNode* underlying() const override { return inner_->underlying(); }
   // Not timed: a random-access read of a Ref is a few nanoseconds, called per Ref; it counts
   // as the caller's time.
   Ref at(std::uint64_t epoch, std::uint64_t i) const override { return inner_->at(epoch, i); }

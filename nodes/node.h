@@ -37,6 +37,10 @@ class SpineNode {
   /// Connects the upstream node; called once, before anything else. Throws ConfigError
   /// when this node cannot work on that upstream.
   virtual void connect(SpineNode* upstream) { upstream_ = upstream; }
+  /// The node itself; a node the runtime puts in front of another (the per-node timing of
+  /// graph/node_stats.cpp) returns the node it stands for, so a check of what the upstream
+  /// is sees through it.
+  virtual const SpineNode* underlying() const { return this; }
 
   /// Number of Refs this node emits in `epoch`, or kUnknownSize.
   virtual std::uint64_t size(std::uint64_t epoch) const = 0;

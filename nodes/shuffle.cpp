@@ -376,7 +376,7 @@ StreamShuffleNode::StreamShuffleNode(std::string name, std::uint64_t key, std::u
 }
 
 void StreamShuffleNode::connect(SpineNode* upstream) {
-  if (upstream == nullptr || dynamic_cast<const RecordStore*>(upstream) != store_)
+  if (upstream == nullptr || dynamic_cast<const RecordStore*>(upstream->underlying()) != store_)
     throw ConfigError(name(),
                       "a buffer shuffle of a forward-only source must come right after "
                       "that source: it rewinds the source to rebuild its buffer");

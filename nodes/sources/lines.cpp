@@ -284,7 +284,7 @@ void LinesSource::read_json(std::size_t k, std::uint64_t offset, std::span<const
   simdjson::dom::element doc;
   if (const auto err = scratch.parser.parse(scratch.buffer.data(), line.size(), false).get(doc)) {
     try {
-      (void)nlohmann::json::parse(line);
+      [[maybe_unused]] const auto parsed = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
       fail(k, offset, std::string("invalid JSON: ") + e.what());
     }

@@ -96,8 +96,11 @@ TEST_F(Observe, StatsCountEveryNodeByName) {
   EXPECT_GT(batch->assemble_ns, 0u);  // collating
   EXPECT_GE(batch->wait_input_ns, 0u);
   // The map is the busiest by far.
-  for (const auto& n : s.nodes)
-    if (n.name != "map:augment") EXPECT_LT(n.busy_ns, map->busy_ns) << n.name;
+  for (const auto& n : s.nodes) {
+    if (n.name != "map:augment") {
+      EXPECT_LT(n.busy_ns, map->busy_ns) << n.name;
+    }
+  }
   EXPECT_GT(s.elapsed_ns, 0u);
 }
 
