@@ -9,8 +9,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -101,6 +103,47 @@ TEST(FLOWSTATE_CUDA_SUITE, AutoPicksTheFirstDevice) {
   DeviceCopy copy({});
   EXPECT_EQ(copy.target(), (Device{MemoryKind::kDevice, 0}));
   EXPECT_EQ(copy.staging_pool()->device().kind, MemoryKind::kPinned);
+}
+
+/// Sets an environment variable for the scope, restoring what was there.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~EnvVar() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(FLOWSTATE_CUDA_SUITE, AutoPicksTheLaunchersLocalRank) {
+  // Ranks of one node under torchrun (LOCAL_RANK), mpirun (OMPI_COMM_WORLD_LOCAL_RANK) or
+  // srun (SLURM_LOCALID) each take their own device.
+  FLOWSTATE_REQUIRE_DEVICE();
+  const int n = cuda_device_count();
+  for (const char* var : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    SCOPED_TRACE(var);
+    EnvVar local(var, std::to_string(n - 1));
+    DeviceCopy copy({});
+    EXPECT_EQ(copy.target(), (Device{MemoryKind::kDevice, n - 1}));
+    EnvVar beyond(var, std::to_string(n));
+    try {
+      DeviceCopy too_many({});
+      FAIL() << "local rank " << n << " was given a device";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key(), "device_copy.device");
+      EXPECT_THAT(e.what(), HasSubstr("device auto picks cuda:" + std::to_string(n) +
+                                      " for local rank " + std::to_string(n)));
+    }
+  }
 }
 
 TEST(FLOWSTATE_CUDA_SUITE, CpuStaysOnTheHostWithADevicePresent) {
