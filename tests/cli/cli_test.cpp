@@ -353,6 +353,39 @@ TEST_F(Cli, RunWritesMetricsAndTraceAndReportPlotsThem) {
 
 // ---- run ----
 
+TEST_F(Cli, RanksFromRankAndWorldSizeKeepFilesAndCheckpointsOfTheirOwn) {
+  // torchrun-style: RANK and WORLD_SIZE without MPI, the per-rank layout, and {rank} in the
+  // paths giving each rank its own digests, provenance and checkpoint directory.
+  write_file(dir_ / "r.yaml",
+             "seed: 3\nsource: {type: records, paths: \"data/*.bin\", record_bytes: 64}\n"
+             "nodes:\n  - shard\n  - shuffle: {mode: global}\n  - batch: {size: 10}\n");
+  std::multiset<std::string> records;
+  for (int rank : {0, 1}) {
+    const std::string r = std::to_string(rank);
+    CliResult res =
+        testing::run_program("/usr/bin/env",
+                             {"RANK=" + r, "WORLD_SIZE=2", testing::cli_path(), "run", "r.yaml",
+                              "--checkpoint-dir", "ck/{rank}", "--checkpoint-every", "40",
+                              "--digests", "d-{rank}.txt", "--provenance", "p-{rank}.txt"},
+                             dir_.str());
+    ASSERT_EQ(res.status, 0) << res.err;
+    EXPECT_EQ(read_lines(path("d-" + r + ".txt")).size(), 100u);
+    const auto prov = read_lines(path("p-" + r + ".txt"));
+    ASSERT_EQ(prov.size(), 100u);  // 1000 of the 2000 records, 10 per batch
+    for (const auto& line : prov) {
+      std::istringstream in(line);
+      std::string field;
+      for (int f = 0; f < 3; ++f) in >> field;  // step, epoch, index in epoch
+      while (in >> field) records.insert(field);
+    }
+    EXPECT_TRUE(fs::exists(path("ck/" + r + "/" + step_dir(80)))) << res.err;
+    EXPECT_TRUE(fs::exists(path("ck/" + r + "/" + step_dir(100)))) << res.err;
+  }
+  // The two ranks together read every record once.
+  EXPECT_EQ(records.size(), 2000u);
+  EXPECT_EQ(std::set<std::string>(records.begin(), records.end()).size(), 2000u);
+}
+
 TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
   CliResult r =
       run({"run", "p.yaml", "--steps", "30", "--digests", "d.txt", "--provenance", "prov.txt"});
