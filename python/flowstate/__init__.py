@@ -343,12 +343,13 @@ def from_iterable(factory, name=None, collate=None, size=None, resumable=None):
 
 class BatchInfo(collections.namedtuple("BatchInfo", [
         "step", "epoch", "index_in_epoch", "batches_in_epoch", "is_last_in_epoch",
-        "num_samples", "remainder"])):
+        "num_samples", "remainder", "padding"])):
     """What a trainer needs to know about a batch, known before it is handed out (read-only):
     step (global: counts every scheduled batch, across epochs and restarts), epoch (0-based),
     index_in_epoch (0-based position in the epoch's schedule), batches_in_epoch (None when
     unknown), is_last_in_epoch (no later batch of this epoch will be delivered), num_samples,
-    remainder (valid samples of a short last batch; 0 when full)."""
+    remainder (valid samples of a short last batch; 0 when full), padding (samples that repeat
+    a record so that every rank takes the same number of steps: shard's `uneven: pad`)."""
     __slots__ = ()
 
 

@@ -406,7 +406,7 @@ py::object to_torch(const Tensor& t) {
 py::tuple info_tuple(const BatchInfo& info) {
   return py::make_tuple(info.step, info.epoch, info.index_in_epoch,
                         info.batches_in_epoch ? py::cast(*info.batches_in_epoch) : py::none(),
-                        info.is_last_in_epoch, info.num_samples, info.remainder);
+                        info.is_last_in_epoch, info.num_samples, info.remainder, info.padding);
 }
 
 /// What Python sees of a batch: its info, its tensor fields (as torch tensors) and the value

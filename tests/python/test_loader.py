@@ -37,6 +37,18 @@ def test_batch_info(records_doc):
     assert (nxt.step, nxt.epoch, nxt.index_in_epoch, nxt.is_last_in_epoch) == (63, 1, 0, False)
 
 
+def test_batch_info_counts_the_padding_of_a_short_rank(records_doc):
+    # 2000 records over 3 ranks: ranks 0 and 1 take 667, rank 2 takes 666 and one padding
+    # sample (shard's default `uneven: pad`), so every rank takes the same number of steps.
+    totals = {}
+    for rank in range(3):
+        doc = dict(records_doc)
+        doc["nodes"] = [{"shard": {"rank": rank, "world": 3}}, {"batch": {"size": 32}}]
+        infos = [b.info for b in flowstate.Loader(flowstate.Pipeline.from_dict(doc), epochs=1)]
+        totals[rank] = (len(infos), sum(i.num_samples for i in infos), sum(i.padding for i in infos))
+    assert totals == {0: (21, 667, 0), 1: (21, 667, 0), 2: (21, 667, 1)}
+
+
 def test_len_is_known_for_a_sized_pipeline(records_doc):
     assert len(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc), epochs=3)) == 189
 
