@@ -158,6 +158,26 @@ bool get_varint(std::string_view in, std::size_t& pos, std::uint64_t& v) {
   return false;
 }
 
+/// The `count` slots of a key-frame's blob, each stored as (cursor - 1 - position) in a
+/// varint: positions below `cursor`. Throws CheckpointError for a blob that is not that.
+std::vector<std::uint64_t> decode_slots(std::string_view blob, std::uint64_t count,
+                                        std::uint64_t cursor) {
+  // Every varint takes at least a byte: a corrupt count must not allocate more than the blob.
+  if (count > blob.size())
+    throw CheckpointError("shuffle", "key-frame claims " + std::to_string(count) + " slots in " +
+                                         std::to_string(blob.size()) + " bytes");
+  std::vector<std::uint64_t> slots;
+  slots.reserve(count);
+  std::size_t pos = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::uint64_t d = 0;
+    if (!get_varint(blob, pos, d) || d >= cursor)
+      throw CheckpointError("shuffle", "key-frame slot " + std::to_string(i) + " is corrupt");
+    slots.push_back(cursor - 1 - d);
+  }
+  return slots;
+}
+
 }  // namespace
 
 // Key-frame encoding: draws, the input cursor at that point, then every slot as
@@ -218,17 +238,7 @@ void BufferShuffleState::load(Archive& ar, std::uint32_t version) {
   std::string blob;
   ar(kf->draws, cursor, count);
   load_bounded(ar, blob);
-  if (count > blob.size())
-    throw CheckpointError("shuffle", "key-frame claims " + std::to_string(count) + " slots in " +
-                                         std::to_string(blob.size()) + " bytes");
-  kf->slots.reserve(count);
-  std::size_t pos = 0;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    std::uint64_t d = 0;
-    if (!get_varint(blob, pos, d) || d >= cursor)
-      throw CheckpointError("shuffle", "key-frame slot " + std::to_string(i) + " is corrupt");
-    kf->slots.push_back(cursor - 1 - d);
-  }
+  kf->slots = decode_slots(blob, count, cursor);
   keyframe = std::move(kf);
 }
 
@@ -352,17 +362,7 @@ void StreamShuffleState::load(Archive& ar, std::uint32_t version) {
   load_bounded(ar, kf->upstream);
   ar(count);
   load_bounded(ar, blob);
-  if (count > blob.size())
-    throw CheckpointError("shuffle", "key-frame claims " + std::to_string(count) + " slots in " +
-                                         std::to_string(blob.size()) + " bytes");
-  kf->slots.reserve(count);
-  std::size_t pos = 0;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    std::uint64_t d = 0;
-    if (!get_varint(blob, pos, d) || d >= kf->consumed)
-      throw CheckpointError("shuffle", "key-frame slot " + std::to_string(i) + " is corrupt");
-    kf->slots.push_back(kf->consumed - 1 - d);
-  }
+  kf->slots = decode_slots(blob, count, kf->consumed);
   keyframe = std::move(kf);
 }
 
