@@ -379,17 +379,53 @@ class Batch(Mapping):
         return f"<flowstate.Batch step={self.info.step} fields={list(self._fields)}>"
 
 
+class _TorchCoordinator:
+    """The ranks of a torch.distributed process group as flowstate's Coordinator: with it,
+    Loader.save_checkpoint and Loader.restore are collective -- one step-N holding every rank's
+    part, committed for all ranks at once, and a restore every rank agrees on. Every rank must
+    call them at the same steps. Any backend works (gloo on CPU); messages are a few KiB."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise ConfigError("process_group: torch.distributed is not initialized "
+                              "(call torch.distributed.init_process_group first)")
+        self._dist = dist
+        self._group = group
+        self._rank = dist.get_rank(group)
+        self._world = dist.get_world_size(group)
+
+    def rank(self):
+        return self._rank
+
+    def world(self):
+        return self._world
+
+    def all_gather(self, message):
+        out = [None] * self._world
+        self._dist.all_gather_object(out, bytes(message), group=self._group)
+        return out
+
+    def barrier(self):
+        self._dist.barrier(group=self._group)
+
+
 class Loader:
     """Runs a Pipeline: an iterable of Batch over `epochs` epochs (default: the document's;
     0 runs forever). `workers` and `prefetch` never change the batches, so a state saved
-    with one count restores with another. Waiting for a batch releases the GIL."""
+    with one count restores with another. Waiting for a batch releases the GIL.
 
-    def __init__(self, pipeline, epochs=None, workers=None, prefetch=None):
+    `process_group` (a torch.distributed group, e.g. torch.distributed.group.WORLD) makes
+    save_checkpoint and restore collective over its ranks: one checkpoint step for all of
+    them, committed only when every rank's part is durable (see _TorchCoordinator)."""
+
+    def __init__(self, pipeline, epochs=None, workers=None, prefetch=None, process_group=None):
         if isinstance(pipeline, Builder):
             pipeline = pipeline.build()
         self.pipeline = pipeline
         self.epochs = pipeline.epochs if epochs is None else epochs
-        self._native = _C.Loader(pipeline._native, self.epochs, workers, prefetch)
+        coordinator = None if process_group is None else _TorchCoordinator(process_group)
+        self._native = _C.Loader(pipeline._native, self.epochs, workers, prefetch, coordinator)
         self._len = None
 
     def __iter__(self):

@@ -23,6 +23,7 @@
 
 #include "flowstate/config/registry.h"
 #include "flowstate/config/yaml.h"
+#include "flowstate/core/coordinator.h"
 #include "flowstate/core/error.h"
 #include "flowstate/graph/accumulate.h"
 #include "flowstate/graph/loader.h"
@@ -421,6 +422,41 @@ py::tuple batch_parts(const Batch& b) {
 
 // ---- the loader ----
 
+/// A Coordinator (core/coordinator.h) over a Python object with `rank()`, `world()`,
+/// `all_gather(bytes) -> list[bytes]` and `barrier()` — flowstate.Loader's process_group
+/// wraps torch.distributed in one. Each call takes the GIL.
+class PyCoordinator final : public Coordinator {
+ public:
+  explicit PyCoordinator(py::object impl) : impl_(std::move(impl)) {
+    rank_ = impl_.attr("rank")().cast<std::uint64_t>();
+    world_ = impl_.attr("world")().cast<std::uint64_t>();
+  }
+  ~PyCoordinator() override {
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+  std::uint64_t rank() const override { return rank_; }
+  std::uint64_t world() const override { return world_; }
+  std::vector<std::string> all_gather(std::string_view message) override {
+    py::gil_scoped_acquire gil;
+    py::list got = impl_.attr("all_gather")(py::bytes(message.data(), message.size()));
+    std::vector<std::string> out;
+    for (py::handle h : got) out.push_back(h.cast<std::string>());
+    if (out.size() != world_)
+      throw Error("process_group: all_gather returned " + std::to_string(out.size()) +
+                  " messages for " + std::to_string(world_) + " ranks");
+    return out;
+  }
+  void barrier() override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("barrier")();
+  }
+
+ private:
+  py::object impl_;
+  std::uint64_t rank_ = 0, world_ = 1;
+};
+
 class PyLoader;
 
 /// The live loaders, stopped by shutdown() (registered with atexit): the graph's threads must
@@ -440,8 +476,10 @@ LiveLoaders& live_loaders() {
 class PyLoader {
  public:
   PyLoader(const PyPipeline& p, std::uint64_t epochs, std::optional<int> workers,
-           std::optional<std::size_t> prefetch)
+           std::optional<std::size_t> prefetch, py::object coordinator)
       : specs_(p.specs) {
+    std::shared_ptr<Coordinator> coord;
+    if (!coordinator.is_none()) coord = std::make_shared<PyCoordinator>(std::move(coordinator));
     {
       std::lock_guard lock(live_loaders().mu);
       if (live_loaders().shut_down)
@@ -449,8 +487,11 @@ class PyLoader {
     }
     {
       py::gil_scoped_release release;
-      loader_ = std::make_unique<Loader>(
-          p.pipeline, LoaderOptions{.epochs = epochs, .workers = workers, .prefetch = prefetch});
+      loader_ =
+          std::make_unique<Loader>(p.pipeline, LoaderOptions{.epochs = epochs,
+                                                             .workers = workers,
+                                                             .prefetch = prefetch,
+                                                             .coordinator = std::move(coord)});
     }
     std::lock_guard lock(live_loaders().mu);
     live_loaders().loaders.insert(this);
@@ -646,8 +687,9 @@ PYBIND11_MODULE(_flowstate, m) {
 
   py::class_<PyLoader>(m, "Loader")
       .def(py::init<const PyPipeline&, std::uint64_t, std::optional<int>,
-                    std::optional<std::size_t>>(),
-           py::arg("pipeline"), py::arg("epochs"), py::arg("workers"), py::arg("prefetch"))
+                    std::optional<std::size_t>, py::object>(),
+           py::arg("pipeline"), py::arg("epochs"), py::arg("workers"), py::arg("prefetch"),
+           py::arg("coordinator") = py::none())
       .def("next", &PyLoader::next)
       .def("state", &PyLoader::state)
       .def("state_fields", &PyLoader::state_fields)
