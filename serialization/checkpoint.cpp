@@ -1,5 +1,8 @@
-// The on-disk checkpoint protocol — write, verify, find the newest valid step, prune, remove —
-// kept in one file (over 600 lines) so that its crash guarantees can be read in one place.
+// The on-disk checkpoint protocol — write (one process, or every rank of a job through a
+// Coordinator), verify, find the newest valid step, prune, remove — kept in one file (over 600
+// lines) so that its crash guarantees can be read in one place: both writers commit through
+// the same StepCommit and clean up with the same clean_up, and splitting them would expose
+// those internals in a header.
 #include "flowstate/serialization/checkpoint.h"
 
 #include <fcntl.h>
@@ -12,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 #include <set>
 
@@ -481,6 +485,78 @@ void refuse_if_behind(const std::string& dir, std::uint64_t step) {
   }
 }
 
+/// The commit of a step written into `step-N.tmp`, shared by write_checkpoint and
+/// write_group_checkpoint: the manifest, the old `step-N` moved aside, the rename, the fsync
+/// of the parent (the commit); undone on failure; then the hint, the aside copy dropped and
+/// pruning. Phases, in order: manifest-written, moved-aside (when replacing), renamed,
+/// latest-written.
+class StepCommit {
+ public:
+  using Phase = std::function<void(std::string_view)>;
+  StepCommit(std::string dir, std::uint64_t step, Phase phase)
+      : dir_(std::move(dir)),
+        name_(step_name(step)),
+        final_dir_(join(dir_, name_)),
+        tmp_(final_dir_ + std::string(kTmpSuffix)),
+        aside_(final_dir_ + std::string(kAsideSuffix)),
+        phase_(std::move(phase)) {}
+
+  const std::string& final_dir() const { return final_dir_; }
+  const std::string& tmp() const { return tmp_; }
+
+  /// Writes `manifest` into the step's tmp directory and commits it. On a throw the caller
+  /// calls roll_back().
+  void commit(const Manifest& manifest) {
+    write_file_durably(join(tmp_, kManifestFile), encode_manifest(manifest));
+    phase_("manifest-written");
+    if (exists(final_dir_)) {
+      // Re-checkpointing a step (after a resume): the old copy stays valid, under a name
+      // readers fall back to, until the new one is in place. Both renames share the fsync
+      // below; a journaling file system makes them durable in order.
+      rename_path(final_dir_, aside_);
+      moved_aside_ = true;
+      phase_("moved-aside");
+    }
+    rename_path(tmp_, final_dir_);
+    renamed_ = true;
+    fsync_directory(dir_);  // the commit
+  }
+
+  /// Leaves the directory as it was before the write: the old step-N back in place, no
+  /// debris. Never throws: what it cannot undo, the next writer's clean_up finishes.
+  void roll_back() noexcept {
+    try {
+      // When only the fsync failed, the checkpoint is in place but maybe not on disk: take it
+      // back out, so that what readers see agrees with the error.
+      if (renamed_) rename_path(final_dir_, tmp_);
+      if (moved_aside_) rename_path(aside_, final_dir_);
+      remove_tree(tmp_);
+      fsync_directory(dir_);
+    } catch (...) {
+    }
+  }
+
+  /// After a commit: LATEST (a hint only — the newest valid step wins — so no fsync, and a
+  /// failure to write it does not fail the committed checkpoint), the aside copy dropped
+  /// (debris if it comes back after a power loss), and the oldest steps beyond `keep`.
+  void finish(std::uint64_t step, std::size_t keep) {
+    phase_("renamed");
+    try {
+      replace_file_atomically(join(dir_, kLatestFile), name_ + "\n", Durability::kHint);
+    } catch (const CheckpointError&) {
+    }
+    phase_("latest-written");
+    if (moved_aside_) remove_tree(aside_);
+    if (keep > 0) prune(dir_, step, keep);
+  }
+
+ private:
+  std::string dir_, name_, final_dir_, tmp_, aside_;
+  Phase phase_;
+  bool moved_aside_ = false;
+  bool renamed_ = false;
+};
+
 }  // namespace
 
 std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::string_view state,
@@ -496,12 +572,8 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
   clean_up(dir);
   if (!options.overwrite) refuse_if_behind(dir, step);
 
-  const std::string name = step_name(step);
-  const std::string final_dir = join(dir, name);
-  const std::string tmp = final_dir + std::string(kTmpSuffix);
-  const std::string aside = final_dir + std::string(kAsideSuffix);
-  bool moved_aside = false;
-  bool renamed = false;
+  StepCommit commit(dir, step, phase);
+  const std::string& tmp = commit.tmp();
   try {
     // No fsync of `dir` for the new entry: until the rename below, it is debris anyway.
     if (::mkdir(tmp.c_str(), 0755) != 0)
@@ -510,48 +582,15 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
     phase("tmp-created");
     write_file_durably(join(tmp, kStateFile), state);  // fsync 1
     phase("state-written");
-    Manifest manifest{
-        step, decoded.fingerprint, 0, {{std::string(kStateFile), state.size(), hash64(state)}}};
-    write_file_durably(join(tmp, kManifestFile), encode_manifest(manifest));  // fsync 2
-    phase("manifest-written");
-    if (exists(final_dir)) {
-      // Re-checkpointing a step (after a resume): the old copy stays valid, under a name
-      // readers fall back to, until the new one is in place. Both renames share the fsync
-      // below; a journaling file system makes them durable in order.
-      rename_path(final_dir, aside);
-      moved_aside = true;
-      phase("moved-aside");
-    }
-    rename_path(tmp, final_dir);
-    renamed = true;
-    fsync_directory(dir);  // fsync 3: the commit
+    // fsync 2 (the manifest) and 3 (the parent: the commit).
+    commit.commit(Manifest{
+        step, decoded.fingerprint, 0, {{std::string(kStateFile), state.size(), hash64(state)}}});
   } catch (...) {
-    // Leave the directory as it was: the old step-N back in place, no debris.
-    try {
-      if (renamed) {
-        // Only the fsync failed: the checkpoint is in place but maybe not on disk. Take it
-        // back out, so that what readers see agrees with the error.
-        rename_path(final_dir, tmp);
-      }
-      if (moved_aside) rename_path(aside, final_dir);
-      remove_tree(tmp);
-      fsync_directory(dir);
-    } catch (const CheckpointError&) {
-      // The next writer's clean_up finishes the job.
-    }
+    commit.roll_back();
     throw;
   }
-  phase("renamed");
-  // A hint only (the newest valid step wins): no fsync, and a failure to write it does not
-  // fail a checkpoint that is committed.
-  try {
-    replace_file_atomically(join(dir, kLatestFile), name + "\n", Durability::kHint);
-  } catch (const CheckpointError&) {
-  }
-  phase("latest-written");
-  if (moved_aside) remove_tree(aside);  // debris if it comes back after a power loss
-  if (options.keep > 0) prune(dir, step, options.keep);
-  return final_dir;
+  commit.finish(step, options.keep);
+  return commit.final_dir();
 }
 
 CheckpointFound read_checkpoint(const std::string& checkpoint_dir, std::uint64_t rank) {
@@ -740,10 +779,9 @@ std::string write_group_checkpoint(const std::string& dir, std::uint64_t step,
   auto phase = [&](std::string_view name) {
     if (options.hook) options.hook(name);
   };
-  const std::string name = step_name(step);
-  const std::string final_dir = join(dir, name);
-  const std::string tmp = final_dir + std::string(kTmpSuffix);
-  const std::string aside = final_dir + std::string(kAsideSuffix);
+  StepCommit commit(dir, step, phase);
+  const std::string& final_dir = commit.final_dir();
+  const std::string& tmp = commit.tmp();
   const std::string part = join(tmp, part_name(rank));
 
   // 1. Rank 0 prepares step-N.tmp under the writers' lock, which it holds until the commit;
@@ -802,7 +840,6 @@ std::string write_group_checkpoint(const std::string& dir, std::uint64_t step,
     if (!parts[r].empty() && parts[r][0] == '1')
       error = "rank " + std::to_string(r) + ": " + parts[r].substr(1);
   if (rank == 0) {
-    bool renamed = false, moved_aside = false;
     if (!error) {
       error = outcome([&] {
         Manifest manifest{step, 0, world, {}};
@@ -821,37 +858,13 @@ std::string write_group_checkpoint(const std::string& dir, std::uint64_t step,
                                             "by every rank (not node-local)");
           manifest.files.push_back(std::move(e));
         }
-        write_file_durably(join(tmp, kManifestFile), encode_manifest(manifest));
-        phase("manifest-written");
-        if (exists(final_dir)) {
-          rename_path(final_dir, aside);
-          moved_aside = true;
-          phase("moved-aside");
-        }
-        rename_path(tmp, final_dir);
-        renamed = true;
-        fsync_directory(dir);  // the commit, for every rank at once
+        commit.commit(manifest);  // the commit, for every rank at once
       });
     }
-    if (error) {
-      // Leave the directory as it was (see write_checkpoint).
-      try {
-        if (renamed) rename_path(final_dir, tmp);
-        if (moved_aside) rename_path(aside, final_dir);
-        remove_tree(tmp);
-        fsync_directory(dir);
-      } catch (const CheckpointError&) {
-      }
-    } else {
-      phase("renamed");
-      try {
-        replace_file_atomically(join(dir, kLatestFile), name + "\n", Durability::kHint);
-      } catch (const CheckpointError&) {
-      }
-      phase("latest-written");
-      if (moved_aside) remove_tree(aside);
-      if (options.keep > 0) prune(dir, step, options.keep);
-    }
+    if (error)
+      commit.roll_back();
+    else
+      commit.finish(step, options.keep);
   }
   // 4. Rank 0 says whether it committed; every rank returns or throws the same.
   const std::vector<std::string> committed =
