@@ -1,0 +1,511 @@
+// Loader::Runtime: one running instance of a Loader's graph — the spine on its serial input
+// node, the TBB nodes that assemble and deliver batches, the consumer's queue and their
+// counters. The Loader's own half (state, checkpoints, metrics, next()) is graph/loader.cpp,
+// the only file that includes this one; it is not installed.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/graph/loader_observer.h"
+#include "flowstate/graph/spine.h"
+
+namespace flowstate {
+
+namespace flow = oneapi::tbb::flow;
+
+// Helpers of the runtime, named (not anonymous) because this is a header.
+namespace loader_detail {
+
+using Clock = std::chrono::steady_clock;
+inline std::uint64_t elapsed_ns(Clock::time_point t0) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+/// A planned batch travelling through the graph, or the end marker, or a spine error.
+struct PlanMsg {
+  std::uint64_t seq = 0;
+  std::shared_ptr<BatchPlan> plan;  // shared_ptr: TBB buffers copy messages
+  std::exception_ptr error;
+  bool end = false;
+};
+
+/// A finished batch (or end / error) in sequence order.
+struct ItemMsg {
+  std::uint64_t seq = 0;
+  std::shared_ptr<Batch> batch;
+  std::exception_ptr error;
+  bool end = false;
+};
+
+/// Raises TBB's process-wide thread limit while any Loader needs more threads than the
+/// machine has cores. TBB applies the *smallest* of the active global_control limits, so all
+/// Loaders share one control set to the largest request.
+class ParallelismLease {
+ public:
+  explicit ParallelismLease(std::size_t threads) : threads_(threads) {
+    std::lock_guard lock(mu());
+    requests().insert(threads_);
+    update();
+  }
+  ~ParallelismLease() {
+    std::lock_guard lock(mu());
+    requests().erase(requests().find(threads_));
+    update();
+  }
+  ParallelismLease(const ParallelismLease&) = delete;
+  ParallelismLease& operator=(const ParallelismLease&) = delete;
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::multiset<std::size_t>& requests() {
+    static std::multiset<std::size_t> r;
+    return r;
+  }
+  static std::unique_ptr<oneapi::tbb::global_control>& control() {
+    static std::unique_ptr<oneapi::tbb::global_control> c;
+    return c;
+  }
+  static std::size_t& current() {
+    static std::size_t n = 0;
+    return n;
+  }
+  static void update() {
+    std::size_t want = requests().empty() ? 0 : *requests().rbegin();
+    if (want == current()) return;
+    control().reset();  // the old limit must go first: the smallest active one wins
+    if (want > std::thread::hardware_concurrency())
+      control() = std::make_unique<oneapi::tbb::global_control>(
+          oneapi::tbb::global_control::max_allowed_parallelism, want);
+    current() = want;
+  }
+  std::size_t threads_;
+};
+
+inline int assembly_workers(const Pipeline& p, const LoaderOptions& o) {
+  if (o.workers) return std::max(1, *o.workers);
+  int w = p.workers();
+  for (const auto& n : p.nodes())
+    if (n.workers) w = std::max(w, *n.workers);
+  return w;
+}
+
+inline std::size_t prefetch_depth(const Spine& spine, const LoaderOptions& o) {
+  if (o.prefetch) return std::max<std::size_t>(1, *o.prefetch);
+  return spine.sink().prefetch.value_or(2);
+}
+
+}  // namespace loader_detail
+using namespace loader_detail;  // NOLINT: this header has one includer, graph/loader.cpp
+
+/// One running instance of the graph: spine, TBB nodes and the consumer queue.
+class Loader::Runtime {
+ public:
+  Runtime(const Pipeline& pipeline, const LoaderOptions& options, Tracer* tracer)
+      : tracer_(tracer),
+        spine_(pipeline, options.epochs, &stats_),
+        workers_(assembly_workers(pipeline, options)),
+        depth_(prefetch_depth(spine_, options)),
+        // Enough TBB threads for the workers plus the serial input and output nodes, also on
+        // small machines where the default pool would starve the graph.
+        lease_(static_cast<std::size_t>(workers_) + 2),
+        arena_(workers_ + 1, 0) {
+    const SinkConfig& sink = spine_.sink();
+    if (sink.device) device_ = std::make_unique<DeviceCopy>(*sink.device);
+    auto pool = device_ ? device_->staging_pool() : BufferPool::host();
+    assembler_ = std::make_unique<BatchAssembler>(
+        spine_.store(), spine_.source_name(), spine_.planner().options(), spine_.sample_stages(),
+        sink.batch_stages, std::move(pool));
+    // Every assembly stage and the device copy count for their node (by the node's name).
+    std::unordered_map<std::string, std::string> stats_names;
+    for (const auto& spec : pipeline.nodes()) stats_names[spec.name] = stats_name(spec);
+    const auto phase_of = [&](const std::string& node) {
+      for (const auto& spec : pipeline.nodes())
+        if (spec.name == node) return spec.phase();
+      return Phase::kPerSample;
+    };
+    auto counters_of = [&](const std::string& node) -> NodeCounters* {
+      auto it = stats_names.find(node);
+      return it == stats_names.end() ? nullptr : stats_.find(it->second);
+    };
+    for (const auto& name : assembler_->stage_names(sink.batch_name))
+      assembly_nodes_.push_back(counters_of(name));
+    // A source's work is reading its records, in the assembly (its pulls are a cursor moving);
+    // a store made in the spine (pack) does its work there.
+    if (assembly_nodes_[0] != nullptr && phase_of(spine_.source_name()) == Phase::kSource)
+      assembly_nodes_[0]->stage = NodeStage::kAssemble;
+    if (device_) device_node_ = counters_of(sink.device_name);
+    if (tracer_ != nullptr) {
+      for (auto& n : stats_.nodes()) n.trace_id = tracer_->intern(n.name);
+      in_flight_name_ = tracer_->intern("batches in flight");
+      consumer_wait_name_ = tracer_->intern("wait for a batch");
+    }
+  }
+
+  ~Runtime() { stop(); }
+
+  Spine& spine() { return spine_; }
+
+  /// Builds and starts the graph. The spine must be in its starting state.
+  void start() {
+    arena_.execute([&] {
+      graph_ = std::make_unique<flow::graph>();
+      input_ = std::make_unique<flow::input_node<PlanMsg>>(
+          *graph_, [this](oneapi::tbb::flow_control& fc) { return plan_next(fc); });
+      // Slots: batches being assembled, waiting for order, and waiting for the consumer.
+      limiter_ = std::make_unique<flow::limiter_node<PlanMsg>>(*graph_, depth_ + workers_);
+      work_ = std::make_unique<flow::function_node<PlanMsg, ItemMsg>>(
+          *graph_, static_cast<std::size_t>(workers_),
+          [this](const PlanMsg& m) { return assemble(m); });
+      order_ = std::make_unique<flow::sequencer_node<ItemMsg>>(
+          *graph_, [](const ItemMsg& m) { return static_cast<std::size_t>(m.seq); });
+      sink_ = std::make_unique<flow::function_node<ItemMsg, flow::continue_msg>>(
+          *graph_, flow::serial, [this](const ItemMsg& m) {
+            deliver(m);
+            return flow::continue_msg();
+          });
+      flow::make_edge(*input_, *limiter_);
+      flow::make_edge(*limiter_, *work_);
+      flow::make_edge(*work_, *order_);
+      flow::make_edge(*order_, *sink_);
+      start_ns_ = stats_now_ns();
+      input_->activate();
+    });
+    started_ = true;
+  }
+
+  bool started() const { return started_; }
+
+  LoaderStats stats() {
+    LoaderStats s;
+    const std::uint64_t elapsed =
+        start_ns_ == 0 ? 0 : static_cast<std::uint64_t>(stats_now_ns() - start_ns_);
+    const std::uint64_t spine_ns = spine_ns_.load(), work_ns = work_ns_.load(),
+                        deliver_ns = deliver_ns_.load();
+    s.stages = {{"spine", spine_items_.load(), spine_ns, 1},
+                {"assemble", work_items_.load(), work_ns, workers_},
+                {"deliver", deliver_items_.load(), deliver_ns, 1}};
+    const std::uint64_t blocked = spine_blocked_ns_.load(std::memory_order_relaxed);
+    const auto idle = [&](std::uint64_t busy, int threads) {
+      const std::uint64_t total = elapsed * static_cast<std::uint64_t>(threads);
+      return total > busy ? total - busy : 0;
+    };
+    for (const auto& c : stats_.nodes()) {
+      LoaderStats::Node n;
+      n.name = c.name;
+      n.type = c.type;
+      n.stage = node_stage_name(c.stage);
+      n.threads = c.stage == NodeStage::kAssemble ? workers_ : 1;
+      n.calls = c.calls.load(std::memory_order_relaxed);
+      n.items = c.items.load(std::memory_order_relaxed);
+      n.bytes = c.bytes.load(std::memory_order_relaxed);
+      n.spine_ns = c.busy(NodeStage::kSpine);
+      n.assemble_ns = c.busy(NodeStage::kAssemble);
+      n.deliver_ns = c.busy(NodeStage::kDeliver);
+      n.busy_ns = n.spine_ns + n.assemble_ns + n.deliver_ns;
+      switch (c.stage) {
+        case NodeStage::kSpine:
+          n.wait_input_ns = c.upstream_ns.load(std::memory_order_relaxed);
+          n.wait_output_ns = blocked;
+          break;
+        case NodeStage::kAssemble:
+          n.wait_input_ns = idle(work_ns, workers_);
+          break;
+        case NodeStage::kDeliver:
+          n.wait_input_ns = idle(deliver_ns, 1);
+          break;
+      }
+      s.nodes.push_back(std::move(n));
+    }
+    s.elapsed_ns = elapsed;
+    const std::uint64_t planned = planned_.load(std::memory_order_relaxed);
+    const std::uint64_t taken = taken_.load(std::memory_order_relaxed);
+    s.in_flight = planned > taken ? static_cast<std::size_t>(planned - taken) : 0;
+    std::lock_guard lock(mu_);
+    s.consumer_waits = consumer_waits_;
+    s.consumer_wait_ns = consumer_wait_ns_;
+    s.graph_waits = graph_waits_;
+    s.in_flight_limit = depth_ + static_cast<std::size_t>(workers_);
+    return s;
+  }
+
+  /// Blocks until the next item in sequence order is ready and releases its limiter slot.
+  ItemMsg take() {
+    ItemMsg m;
+    {
+      std::unique_lock lock(mu_);
+      if (queue_.empty()) {
+        ++consumer_waits_;
+        const std::int64_t t0 = stats_now_ns();
+        ready_.wait(lock, [&] { return !queue_.empty(); });
+        const std::int64_t t1 = stats_now_ns();
+        consumer_wait_ns_ += static_cast<std::uint64_t>(t1 - t0);
+        if (tracer_ != nullptr) {
+          const ItemMsg& front = queue_.front();
+          const auto step = front.batch ? static_cast<std::int64_t>(front.batch->info.step) : -1;
+          tracer_->span(Tracer::kConsumer, consumer_wait_name_, t0, t1, step);
+        }
+      } else if (queue_.size() >= depth_ + static_cast<std::size_t>(workers_)) {
+        ++graph_waits_;
+      }
+      m = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (m.batch) {
+      const std::uint64_t taken = taken_.fetch_add(1, std::memory_order_relaxed) + 1;
+      if (tracer_ != nullptr)
+        tracer_->counter(in_flight_name_, stats_now_ns(),
+                         static_cast<double>(planned_.load(std::memory_order_relaxed) - taken));
+    }
+    // Not through arena_.execute: an external thread that finds every arena slot busy would
+    // wait for a worker to run the call. A try_put from outside submits its task to the
+    // graph's arena and returns.
+    limiter_->decrementer().try_put(flow::continue_msg());
+    return m;
+  }
+
+  /// Stops the graph: no new batches are planned, work in flight is cancelled, and the
+  /// call returns when every graph task has finished.
+  void stop() {
+    if (!graph_) return;
+    stopping_.store(true);
+    arena_.execute([&] {
+      graph_->cancel();
+      graph_->wait_for_all();
+    });
+    // Nodes before the graph (their destructors touch it).
+    sink_.reset();
+    order_.reset();
+    work_.reset();
+    limiter_.reset();
+    input_.reset();
+    graph_.reset();
+  }
+
+ private:
+  PlanMsg plan_next(oneapi::tbb::flow_control& fc) {
+    if (done_ || stopping_.load()) {
+      fc.stop();
+      return {};
+    }
+    auto t0 = Clock::now();
+    struct Count {
+      Runtime* rt;
+      Clock::time_point t0;
+      ~Count() {
+        rt->spine_ns_ += elapsed_ns(t0);
+        ++rt->spine_items_;
+        rt->last_plan_end_ns_ = stats_now_ns();
+      }
+    } count{this, t0};
+    const std::int64_t begin_ns = stats_now_ns();
+    // Between two plans the spine waited on the in-flight limit.
+    if (last_plan_end_ns_ != 0)
+      spine_blocked_ns_.fetch_add(static_cast<std::uint64_t>(begin_ns - last_plan_end_ns_),
+                                  std::memory_order_relaxed);
+    if (tracer_ != nullptr) {
+      spine_before_.clear();
+      for (const auto& n : stats_.nodes()) spine_before_.push_back(n.busy(NodeStage::kSpine));
+    }
+    PlanMsg m;
+    m.seq = seq_++;
+    try {
+      std::optional<BatchPlan> plan = spine_.next();
+      if (plan) {
+        const std::uint64_t planned = planned_.fetch_add(1, std::memory_order_relaxed) + 1;
+        if (tracer_ != nullptr) trace_plan(*plan, begin_ns, planned);
+        m.plan = std::make_shared<BatchPlan>(std::move(*plan));
+      } else {
+        m.end = true;
+        done_ = true;
+      }
+    } catch (...) {
+      try {
+        rethrow_with_node(std::current_exception(), "spine");
+      } catch (...) {
+        m.error = std::current_exception();
+      }
+      done_ = true;
+    }
+    return m;
+  }
+
+  /// A span per spine node for the batch just planned: the node's own time in it. Spine nodes
+  /// call each other many times per batch (a pack pulls document by document), so the spans
+  /// are each node's summed own time, laid end to end from the plan's start in pipeline order.
+  void trace_plan(const BatchPlan& plan, std::int64_t begin_ns, std::uint64_t planned) {
+    std::vector<Tracer::Event> events;
+    std::int64_t at = begin_ns;
+    std::size_t i = 0;
+    for (const auto& n : stats_.nodes()) {
+      const std::uint64_t d = n.busy(NodeStage::kSpine) - spine_before_[i++];
+      if (d == 0) continue;
+      Tracer::Event e;
+      e.ts_ns = at;
+      e.dur_ns = static_cast<std::int64_t>(d);
+      e.step = static_cast<std::int64_t>(plan.info.step);
+      e.epoch = static_cast<std::int64_t>(plan.info.epoch);
+      e.track = Tracer::kSpine;
+      e.name = n.trace_id;
+      e.summed = true;
+      events.push_back(e);
+      at += e.dur_ns;
+    }
+    Tracer::Event c;
+    c.ph = 'C';
+    c.ts_ns = stats_now_ns();
+    c.name = in_flight_name_;
+    c.value = static_cast<double>(planned - taken_.load(std::memory_order_relaxed));
+    events.push_back(c);
+    tracer_->add(events.data(), events.size());
+  }
+
+  ItemMsg assemble(const PlanMsg& m) {
+    ItemMsg out;
+    out.seq = m.seq;
+    out.end = m.end;
+    out.error = m.error;
+    if (!m.plan || stopping_.load()) return out;
+    auto t0 = Clock::now();
+    struct Count {
+      Runtime* rt;
+      Clock::time_point t0;
+      ~Count() {
+        rt->work_ns_ += elapsed_ns(t0);
+        ++rt->work_items_;
+      }
+    } count{this, t0};
+    thread_local AssemblyTimes times;
+    const auto step = static_cast<std::int64_t>(m.plan->info.step);
+    const auto epoch = static_cast<std::int64_t>(m.plan->info.epoch);
+    try {
+      out.batch = std::make_shared<Batch>(assembler_->assemble(std::move(*m.plan), &times));
+    } catch (...) {
+      out.error = std::current_exception();
+      return out;
+    }
+    const std::uint32_t track = tracer_ != nullptr ? tracer_->worker_track() : 0;
+    Tracer::Event events[16];
+    std::size_t n_events = 0;
+    // Stages alternate chunk by chunk: the spans are each stage's summed time in the batch,
+    // laid end to end from the batch's start.
+    std::int64_t at = times.begin_ns;
+    for (std::size_t k = 0; k < times.stages.size() && k < assembly_nodes_.size(); ++k) {
+      const AssemblyTimes::Stage& st = times.stages[k];
+      NodeCounters* node = assembly_nodes_[k];
+      if (node == nullptr || (st.items == 0 && st.ns == 0)) continue;
+      node->add(NodeStage::kAssemble, st.ns, st.items, st.bytes);
+      if (tracer_ != nullptr) {
+        Tracer::Event& e = events[n_events++];
+        e = {at, static_cast<std::int64_t>(st.ns), step, epoch, 0, track, node->trace_id};
+        e.summed = true;
+        at += e.dur_ns;
+        if (n_events == std::size(events)) {
+          tracer_->add(events, n_events);
+          n_events = 0;
+        }
+      }
+    }
+    if (n_events > 0) tracer_->add(events, n_events);
+    return out;
+  }
+
+  void deliver(const ItemMsg& m) {
+    auto t0 = Clock::now();
+    ItemMsg out = m;
+    if (device_ && out.batch && !stopping_.load()) {
+      try {
+        const std::int64_t c0 = stats_now_ns();
+        const auto step = static_cast<std::int64_t>(out.batch->info.step);
+        const auto epoch = static_cast<std::int64_t>(out.batch->info.epoch);
+        const std::uint64_t samples = out.batch->info.num_samples;
+        out.batch = std::make_shared<Batch>(device_->copy(std::move(*out.batch)));
+        const std::int64_t c1 = stats_now_ns();
+        if (device_node_ != nullptr) {
+          std::uint64_t bytes = 0;
+          for (const auto& [id, t] : out.batch->fields) bytes += t.nbytes();
+          device_node_->add(NodeStage::kDeliver, static_cast<std::uint64_t>(c1 - c0), samples,
+                            bytes);
+          if (tracer_ != nullptr)
+            tracer_->span(Tracer::kDeliver, device_node_->trace_id, c0, c1, step, epoch);
+        }
+      } catch (...) {
+        try {
+          rethrow_with_node(std::current_exception(), "device_copy");
+        } catch (...) {
+          out.error = std::current_exception();
+          out.batch.reset();
+        }
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(out));
+    }
+    ready_.notify_one();
+    deliver_ns_ += elapsed_ns(t0);
+    ++deliver_items_;
+  }
+
+  Tracer* tracer_;
+  NodeStatsTable stats_;  // before spine_: it owns the timers between the spine's nodes
+  Spine spine_;
+  int workers_;
+  std::size_t depth_;
+  std::unique_ptr<DeviceCopy> device_;
+  std::unique_ptr<BatchAssembler> assembler_;
+  std::vector<NodeCounters*> assembly_nodes_;  ///< per AssemblyTimes stage (null: not counted)
+  NodeCounters* device_node_ = nullptr;
+  std::uint16_t in_flight_name_ = 0, consumer_wait_name_ = 0;
+
+  ParallelismLease lease_;
+  oneapi::tbb::task_arena arena_;
+  std::unique_ptr<flow::graph> graph_;
+  std::unique_ptr<flow::input_node<PlanMsg>> input_;
+  std::unique_ptr<flow::limiter_node<PlanMsg>> limiter_;
+  std::unique_ptr<flow::function_node<PlanMsg, ItemMsg>> work_;
+  std::unique_ptr<flow::sequencer_node<ItemMsg>> order_;
+  std::unique_ptr<flow::function_node<ItemMsg, flow::continue_msg>> sink_;
+
+  // Spine-side (input node, serial).
+  std::uint64_t seq_ = 0;
+  bool done_ = false;
+  std::atomic<bool> stopping_{false};
+  bool started_ = false;
+
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<ItemMsg> queue_;
+
+  // Stats: written by graph bodies (atomics) and by the consumer under mu_.
+  std::atomic<std::uint64_t> spine_items_{0}, spine_ns_{0}, work_items_{0}, work_ns_{0},
+      deliver_items_{0}, deliver_ns_{0};
+  std::uint64_t consumer_waits_ = 0, consumer_wait_ns_ = 0, graph_waits_ = 0;
+  std::int64_t start_ns_ = 0;
+  // Spine thread only (the input node is serial), except the atomics.
+  std::int64_t last_plan_end_ns_ = 0;
+  std::vector<std::uint64_t> spine_before_;
+  std::atomic<std::uint64_t> spine_blocked_ns_{0}, planned_{0}, taken_{0};
+};
+
+}  // namespace flowstate
