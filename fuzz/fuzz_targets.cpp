@@ -269,6 +269,16 @@ void lines_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_
   }
 }
 
+void write_seeds_if_asked(const std::vector<std::string>& seeds) {
+  const char* dir = std::getenv("FLOWSTATE_FUZZ_WRITE_SEEDS");
+  if (dir == nullptr) return;
+  int i = 0;
+  for (const auto& s : seeds) {
+    std::ofstream out(std::string(dir) + "/seed-" + std::to_string(i++), std::ios::binary);
+    out.write(s.data(), static_cast<std::streamsize>(s.size()));
+  }
+}
+
 void megatron_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_t size) {
   const std::string_view in = as_text(data, size);
   std::size_t idx_bytes = 0;

@@ -86,6 +86,10 @@ void tar_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_t 
 /// else escapes.
 void lines_one_input(const ScratchDir& dir, const std::uint8_t* data, std::size_t size);
 
+/// With FLOWSTATE_FUZZ_WRITE_SEEDS=DIR set (fuzz/run.sh sets it), writes `seeds` into DIR as
+/// seed-0, seed-1, ...: the seed corpus of a target whose valid inputs it makes itself.
+void write_seeds_if_asked(const std::vector<std::string>& seeds);
+
 /// A Megatron indexed data set from one input: its first 2 bytes (little-endian) are the
 /// length L of the `.idx` (capped at what remains), the next L bytes the `.idx`, the rest the
 /// `.bin`. Opens it with an `indexed` source as documents and as sequences and reads every

@@ -5,8 +5,6 @@
 // when it starts (fuzz/run.sh does this).
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "fuzz/fuzz_targets.h"
@@ -17,13 +15,7 @@ flowstate::fuzz::IndexTarget* target = nullptr;
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   target = new flowstate::fuzz::IndexTarget();  // lives as long as the process
-  if (const char* dir = std::getenv("FLOWSTATE_FUZZ_WRITE_SEEDS")) {
-    int i = 0;
-    for (const auto& s : target->seeds()) {
-      std::ofstream out(std::string(dir) + "/seed-" + std::to_string(i++), std::ios::binary);
-      out.write(s.data(), static_cast<std::streamsize>(s.size()));
-    }
-  }
+  flowstate::fuzz::write_seeds_if_asked(target->seeds());
   return 0;
 }
 
