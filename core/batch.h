@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "flowstate/core/buffer.h"
 #include "flowstate/core/ref.h"
 #include "flowstate/core/sample.h"
 #include "flowstate/core/state.h"
@@ -36,13 +37,28 @@ struct BatchInfo {
   std::vector<Ref> refs;  ///< provenance: the records of its samples, in order
 };
 
-/// Completion of asynchronous work on a batch (a device copy). The Loader waits on it before
-/// handing the batch out.
+/// A CUDA stream (a `cudaStream_t`) as flowstate's API passes it, so that headers need no CUDA
+/// headers; nullptr is the legacy default stream.
+using CudaStream = void*;
+
+/// Completion of asynchronous work on a batch (a device copy). Loader::next() waits on it on
+/// the host before handing the batch out; Loader::next(stream) and Batch::wait(stream) order
+/// a consumer's stream after it instead (DECISIONS.md, "The CUDA stream handover").
 class Fence {
  public:
   virtual ~Fence() = default;
   /// Blocks until the work is complete; throws Error when it failed.
   virtual void wait() const = 0;
+  /// Makes the work queued on `stream` from now on wait for this work, without blocking the
+  /// host, and makes the reuse of the batch's device buffers, once dropped, wait for the work
+  /// `stream` has queued by then. Throws Error when a CUDA call fails. Thread-safe. This
+  /// default, for work that is not on a stream, blocks as wait() does.
+  virtual void wait(CudaStream stream) const {
+    (void)stream;
+    wait();
+  }
+  /// The device the work runs on (host memory when it does not run on one).
+  virtual Device device() const { return Device{}; }
 };
 
 /// A batch of collated fields. Cheap to move; copying shares the tensors.
@@ -57,10 +73,22 @@ class Batch {
   /// Moves `user` to the device; set together with `user` by a typed collate (ToDevice<T>).
   /// device_copy calls it with its target; unset: the value stays where it is.
   std::function<void(UserValue&, DeviceCopy&)> user_to_device;
-  /// Set by device_copy until the copy is known complete.
+  /// Set by device_copy until the copy is known complete (Loader::next() waits and resets it;
+  /// Loader::next(stream) keeps it, with `stream` ordered after it).
   std::shared_ptr<const Fence> fence;
 
   const Tensor& operator[](std::string_view name) const { return fields.at(name); }
+  /// Blocks until the batch's device copy is complete; a no-op without one. Throws Error.
+  void wait() const {
+    if (fence) fence->wait();
+  }
+  /// Orders the work queued on `stream` after the batch's device copy without blocking the
+  /// host (cudaStreamWaitEvent), and the reuse of its device buffers after the work `stream`
+  /// has queued when they are dropped (see Fence::wait(CudaStream)); a no-op without a copy.
+  /// Throws Error.
+  void wait(CudaStream stream) const {
+    if (fence) fence->wait(stream);
+  }
   /// A 64-bit hash over the fields in order: name, dtype, shape, bytes. Host memory only.
   std::uint64_t digest() const;
 };

@@ -116,7 +116,16 @@ void Loader::sample_metrics(std::int64_t now) {
   if (options_.on_metrics) options_.on_metrics(s);
 }
 
-std::optional<Batch> Loader::next() {
+std::optional<Batch> Loader::next() { return next_batch(nullptr); }
+
+std::optional<Batch> Loader::next(CudaStream stream) {
+  const StreamFor same = [stream](const Device&) { return stream; };
+  return next_batch(&same);
+}
+
+std::optional<Batch> Loader::next(const StreamFor& stream_for) { return next_batch(&stream_for); }
+
+std::optional<Batch> Loader::next_batch(const StreamFor* stream_for) {
   const std::int64_t entered = stats_now_ns();
   if (last_return_ns_ != 0) {
     consumer_busy_ns_ += static_cast<std::uint64_t>(entered - last_return_ns_);
@@ -149,7 +158,10 @@ std::optional<Batch> Loader::next() {
     Batch& b = *m.batch;
     if (b.fence) {
       try {
-        b.fence->wait();
+        if (stream_for != nullptr)
+          b.fence->wait((*stream_for)(b.fence->device()));
+        else
+          b.fence->wait();
       } catch (...) {
         try {
           rethrow_with_node(std::current_exception(), "device_copy");
@@ -159,7 +171,9 @@ std::optional<Batch> Loader::next() {
         runtime_->stop();
         std::rethrow_exception(error_);
       }
-      b.fence.reset();
+      // After a stream handover the fence stays: it holds the staging buffers until the
+      // copy completes, and the consumer may name more streams (Batch::wait).
+      if (stream_for == nullptr) b.fence.reset();
     }
     last_stamp_ = b.stamp;
     last_step_ = b.info.step;

@@ -122,6 +122,19 @@ class Loader {
   /// the system's reason>") once when an earlier save_checkpoint_async failed; no batch is
   /// taken by that call, and the next call goes on.
   std::optional<Batch> next();
+  /// The consumer's stream for a batch copied to `device` (Loader::next(StreamFor)).
+  using StreamFor = std::function<CudaStream(const Device& device)>;
+  /// The same, with the stream handover instead of a host wait: a batch that device_copy
+  /// moved to a CUDA device comes out with its copy possibly still running, the work queued
+  /// on `stream` from now on ordered after it (cudaStreamWaitEvent), and `batch.fence` kept;
+  /// the pool reuses its device buffers, once the batch and its tensors are dropped, only
+  /// after the work `stream` had queued by then. So use the batch on `stream` (or call
+  /// `batch.wait(other)` first) and never read its device memory from the host without
+  /// `batch.wait()`. Same errors as next(), and a failed cudaStreamWaitEvent as device_copy's.
+  std::optional<Batch> next(CudaStream stream);
+  /// next(stream) with the stream picked per batch from its device (a Python consumer takes
+  /// PyTorch's current stream on that device); `stream_for` runs only for batches on a device.
+  std::optional<Batch> next(const StreamFor& stream_for);
 
   /// The state after the last batch returned by next() (or the initial/loaded state before
   /// the first), encoded. O(stamp): takes no lock on the graph and never stalls it.
@@ -204,6 +217,8 @@ class Loader {
   class Runtime;
   class AsyncSaves;
   struct Metrics;
+  /// next() (without `stream_for`) or next(stream_for).
+  std::optional<Batch> next_batch(const StreamFor* stream_for);
   /// Takes a metrics sample (LoaderOptions::metrics, on_metrics) at `now` (stats_now_ns).
   void sample_metrics(std::int64_t now);
   /// Throws the error of a failed async save, once.

@@ -1,11 +1,17 @@
 // `device_copy`: moves every batch to the accelerator (DESIGN.md §8). With CUDA, batches are
 // collated straight into pinned host buffers (staging_pool), copied with cudaMemcpyAsync on the
-// node's own stream into pooled device buffers, and carry a Fence (a CUDA event) that the
-// Loader waits on before handing the batch out; device buffers go back to their pool when the
-// consumer drops the batch, and a later copy may overwrite them — so finish (or stream-order)
-// device work on a batch before dropping it. Without CUDA, or without a usable device (also
-// when device 0 exists but cannot be set up), `auto` hands out host memory and `cuda:N` fails
-// with a clear ConfigError.
+// node's own stream into pooled device buffers, and carry a Fence (a CUDA event).
+// Loader::next() waits on it on the host before handing the batch out; Loader::next(stream)
+// (or Batch::wait(stream)) hands the batch over to the consumer's stream instead: the stream
+// waits on the event (cudaStreamWaitEvent), the host does not, and when the batch's device
+// buffers are dropped an event recorded on that stream orders their reuse by a later copy.
+//
+//   while (auto b = loader.next(stream)) train_step(*b, stream);  // no host sync per batch
+//
+// A batch taken with next() names no stream: device buffers go back to their pool when the
+// consumer drops it and a later copy may overwrite them — so finish device work on it before
+// dropping it. Without CUDA, or without a usable device (also when device 0 exists but cannot
+// be set up), `auto` hands out host memory and `cuda:N` fails with a clear ConfigError.
 //
 // User values (Batch::user, from from_range()) move through the ToDevice<T> customization
 // point: copy() calls the batch's user_to_device, which calls ToDevice<C>::to_device on the

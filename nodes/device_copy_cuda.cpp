@@ -6,15 +6,30 @@
 // pool); copy() issues one cudaMemcpyAsync per field on the node's own non-blocking stream into
 // a pooled device buffer — and one per tensor a user value's ToDevice moves with to_device() —
 // records one event, and returns the batch with a Fence on that event.
-// The Fence owns the source tensors, so a pinned staging buffer goes back to its pool only once
-// the DMA reading it is complete. Device buffers go back to their pool when the consumer drops
-// the batch; a later copy may then overwrite them, so the consumer must have finished (or
-// ordered before its own later work) every use of a batch's device memory before dropping it.
+//
+// The stream handover (DECISIONS.md, "The CUDA stream handover"):
+// - The Fence owns the source tensors, so a pinned staging buffer goes back to its pool only
+//   once the DMA reading it is complete: when wait() has returned, or, for a fence dropped
+//   without a host wait, when its event is found complete (cudaEventQuery at its destruction,
+//   else at a later copy(), else when the stream is destroyed) — never by blocking the host.
+// - Fence::wait(stream) calls cudaStreamWaitEvent(stream, event) and notes `stream` as one of
+//   the batch's consumers. Each device buffer of the batch is a view of a pooled block whose
+//   release, when the last tensor on it is dropped, records an event on every consumer stream;
+//   the next copy into that block first makes the copy stream wait on those events
+//   (cudaStreamWaitEvent), so a copy cannot overwrite memory the consumer's queued work still
+//   reads, and no one blocks the host.
+// - A batch whose consumer never named a stream (Loader::next() waits on the host) keeps the
+//   older contract: the consumer must have finished every use of its device memory before
+//   dropping it, since a later copy may then overwrite it.
 #include "flowstate/nodes/device_copy.h"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
+#include <list>
+#include <map>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -30,7 +45,7 @@ namespace {
 
 constexpr char kKey[] = "device_copy.device";
 // Events kept for reuse beyond those in flight; more are destroyed when returned.
-constexpr std::size_t kMaxFreeEvents = 16;
+constexpr std::size_t kMaxFreeEvents = 64;
 
 [[noreturn]] void throw_cuda(const char* call, cudaError_t err) {
   // A non-sticky error stays readable through cudaGetLastError; clear it so it is not
@@ -141,9 +156,29 @@ Device resolve(const std::string& device) {
   return Device{MemoryKind::kDevice, *index};
 }
 
-/// The node's stream and a free list of events. Shared by the DeviceCopy and every Fence it
-/// handed out, so a batch may outlive the node. Thread-safe: fences return events from the
-/// consumer's thread while copy() takes them on the graph's.
+/// The streams a batch's consumer made wait on its copy (Fence::wait(stream)): the release
+/// of each of the batch's device buffers is ordered after the work queued on them by then.
+class ConsumerStreams {
+ public:
+  void add(cudaStream_t s) {
+    std::lock_guard lock(mu_);
+    if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
+  }
+  std::vector<cudaStream_t> get() const {
+    std::lock_guard lock(mu_);
+    return streams_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<cudaStream_t> streams_;
+};
+
+/// The node's stream, a free list of events, the sources of dropped fences whose copies may
+/// still run, and the consumer events each released device block must wait for before it is
+/// written again. Shared by the DeviceCopy, every Fence and every device buffer it handed out,
+/// so a batch may outlive the node. Thread-safe: fences and buffers are dropped on the
+/// consumer's threads while copy() runs on the graph's.
 class CopyStream {
  public:
   explicit CopyStream(int device) : device_(device) {
@@ -153,6 +188,11 @@ class CopyStream {
   ~CopyStream() {
     DeviceGuard guard(device_, std::nothrow);
     (void)cudaStreamSynchronize(stream_);
+    // The stream is idle: every retired copy is complete, so their sources may go.
+    for (Retired& r : retired_) (void)cudaEventDestroy(r.event);
+    retired_.clear();
+    for (auto& [block, events] : reuse_after_)
+      for (cudaEvent_t e : events) (void)cudaEventDestroy(e);
     for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
     (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
@@ -161,23 +201,17 @@ class CopyStream {
   CopyStream& operator=(const CopyStream&) = delete;
 
   cudaStream_t get() const { return stream_; }
+  int device() const { return device_; }
 
   /// An event from the free list, or a new one. The device must be current.
   cudaEvent_t acquire_event() {
-    {
-      std::lock_guard lock(mu_);
-      if (!free_.empty()) {
-        cudaEvent_t e = free_.back();
-        free_.pop_back();
-        return e;
-      }
-    }
+    if (cudaEvent_t e = pop_free()) return e;
     cudaEvent_t e = nullptr;
     check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     return e;
   }
 
-  /// Returns an event whose work is complete (or failed). Never throws.
+  /// Returns an event nothing will wait on or record again. Never throws.
   void release_event(cudaEvent_t e) noexcept {
     {
       std::lock_guard lock(mu_);
@@ -190,26 +224,125 @@ class CopyStream {
     (void)cudaEventDestroy(e);
   }
 
+  /// Keeps `sources` until `event` (recorded after the copies reading them) is complete, then
+  /// releases both: a dropped fence whose copy may still run. Never throws or blocks.
+  void retire(cudaEvent_t event, std::vector<Tensor> sources) noexcept {
+    if (cudaEventQuery(event) == cudaSuccess) {
+      release_event(event);
+      return;  // `sources` go now
+    }
+    (void)cudaGetLastError();
+    std::lock_guard lock(mu_);
+    retired_.push_back({event, std::move(sources)});
+  }
+
+  /// Releases the retired sources whose copies are complete (or failed). Never throws.
+  void collect() noexcept {
+    std::list<Retired> done;
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = retired_.begin(); it != retired_.end();) {
+        const cudaError_t err = cudaEventQuery(it->event);
+        if (err == cudaErrorNotReady) {
+          ++it;
+          continue;
+        }
+        auto following = std::next(it);
+        done.splice(done.end(), retired_, it);
+        it = following;
+      }
+      (void)cudaGetLastError();
+    }
+    for (Retired& r : done) release_event(r.event);
+  }
+
+  /// Called when the device block at `block` is released while `consumers` may still read it:
+  /// records an event on each consumer stream, which the next copy into the block waits for.
+  /// Never throws; a stream that cannot record (destroyed) is skipped.
+  void released(void* block, const ConsumerStreams& consumers) noexcept {
+    const std::vector<cudaStream_t> streams = consumers.get();
+    if (streams.empty()) return;
+    DeviceGuard guard(device_, std::nothrow);
+    std::vector<cudaEvent_t> events;
+    for (cudaStream_t s : streams) {
+      cudaEvent_t e = pop_free();
+      if (e == nullptr && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        continue;
+      }
+      if (cudaEventRecord(e, s) != cudaSuccess) {
+        (void)cudaGetLastError();
+        release_event(e);
+        continue;
+      }
+      events.push_back(e);
+    }
+    std::lock_guard lock(mu_);
+    auto& pending = reuse_after_[block];
+    pending.insert(pending.end(), events.begin(), events.end());
+  }
+
+  /// Orders the copy stream's next work after the consumer events of the block at `block`
+  /// (see released()), before a copy writes it again. The device must be current.
+  void before_reuse(void* block) {
+    std::vector<cudaEvent_t> events;
+    {
+      std::lock_guard lock(mu_);
+      auto it = reuse_after_.find(block);
+      if (it == reuse_after_.end()) return;
+      events = std::move(it->second);
+      reuse_after_.erase(it);
+    }
+    cudaError_t err = cudaSuccess;
+    for (cudaEvent_t e : events) {
+      // The wait captures the event's state now: the event may be recorded again later.
+      if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, e, 0);
+      release_event(e);
+    }
+    if (err != cudaSuccess) throw_cuda("cudaStreamWaitEvent", err);
+  }
+
  private:
+  struct Retired {
+    cudaEvent_t event;
+    std::vector<Tensor> sources;
+  };
+
+  cudaEvent_t pop_free() {
+    std::lock_guard lock(mu_);
+    if (free_.empty()) return nullptr;
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+
   int device_;
   cudaStream_t stream_ = nullptr;
   std::mutex mu_;
   std::vector<cudaEvent_t> free_;
+  std::list<Retired> retired_;
+  std::map<void*, std::vector<cudaEvent_t>> reuse_after_;
 };
 
 /// Completion of one batch's copies: an event recorded after them. Holds the source tensors
 /// (and so their staging buffers) until the copy is known complete.
 class CudaFence final : public Fence {
  public:
-  CudaFence(std::shared_ptr<CopyStream> stream, cudaEvent_t event, std::vector<Tensor> sources)
-      : stream_(std::move(stream)), event_(event), sources_(std::move(sources)) {}
+  CudaFence(std::shared_ptr<CopyStream> stream, cudaEvent_t event, std::vector<Tensor> sources,
+            std::shared_ptr<ConsumerStreams> consumers)
+      : stream_(std::move(stream)),
+        event_(event),
+        sources_(std::move(sources)),
+        consumers_(std::move(consumers)) {}
 
-  // Dropped without wait() (a batch discarded in flight): the DMA may still read the
-  // sources, so wait for it before they can go back to their pool and be rewritten.
+  // Dropped without a host wait (a stream handover, or a batch discarded in flight): the DMA
+  // may still read the sources, so they go back to their pool only once it is complete.
   ~CudaFence() override {
-    (void)cudaEventSynchronize(event_);
-    (void)cudaGetLastError();
-    stream_->release_event(event_);
+    if (waited_) {
+      stream_->release_event(event_);
+      return;
+    }
+    stream_->retire(event_, std::move(sources_));
   }
 
   void wait() const override {
@@ -217,13 +350,25 @@ class CudaFence final : public Fence {
     if (err != cudaSuccess) throw_cuda("cudaEventSynchronize", err);
     std::lock_guard lock(mu_);
     sources_.clear();  // the copy is done: staging buffers may be reused now
+    waited_ = true;
   }
+
+  void wait(CudaStream stream) const override {
+    auto s = static_cast<cudaStream_t>(stream);
+    cudaError_t err = cudaStreamWaitEvent(s, event_, 0);
+    if (err != cudaSuccess) throw_cuda("cudaStreamWaitEvent", err);
+    consumers_->add(s);
+  }
+
+  Device device() const override { return Device{MemoryKind::kDevice, stream_->device()}; }
 
  private:
   std::shared_ptr<CopyStream> stream_;
   cudaEvent_t event_;
   mutable std::mutex mu_;
   mutable std::vector<Tensor> sources_;
+  mutable bool waited_ = false;
+  std::shared_ptr<ConsumerStreams> consumers_;
 };
 
 std::shared_ptr<BufferPool> pinned_pool(int device) {
@@ -269,18 +414,37 @@ struct DeviceCopy::Impl {
   // Declared after the pool so that it is released first: its last owner synchronizes it
   // before the pool's blocks can be freed.
   std::shared_ptr<CopyStream> stream;
-  // The sources of the batch copy() is moving while it runs the batch's user_to_device, so
-  // that to_device() adds a user value's tensors to that batch's Fence; null otherwise.
+  // The sources and consumers of the batch copy() is moving while it runs the batch's
+  // user_to_device, so that to_device() adds a user value's tensors to that batch's Fence;
+  // null otherwise.
   std::vector<Tensor>* pending = nullptr;
+  std::shared_ptr<ConsumerStreams> pending_consumers;
 
   /// Issues the copy of `t` (host, pinned, or another device) into a pooled buffer on
-  /// `target` and keeps `t` in `sources` until the copy is known complete. The target device
+  /// `target` and keeps `t` in `sources` until the copy is known complete. The buffer's
+  /// release is ordered after the work of `consumers`' streams (when given). The target device
   /// must be current.
-  Tensor issue(const Tensor& t, const Device& target, std::vector<Tensor>& sources) {
+  Tensor issue(const Tensor& t, const Device& target, std::vector<Tensor>& sources,
+               const std::shared_ptr<ConsumerStreams>& consumers) {
     const std::size_t n = t.nbytes();
-    std::shared_ptr<Buffer> dst =
-        n == 0 ? std::make_shared<Buffer>(nullptr, 0, target, nullptr) : device_pool->acquire(n);
-    if (n > 0) {
+    std::shared_ptr<Buffer> dst;
+    if (n == 0) {
+      dst = std::make_shared<Buffer>(nullptr, 0, target, nullptr);
+    } else {
+      std::shared_ptr<Buffer> block = device_pool->acquire(n);
+      // A consumer's stream may still read the block's previous batch.
+      stream->before_reuse(block->data());
+      if (consumers) {
+        // A view of the block whose release, before the block goes back to the pool, records
+        // the consumers' events for its next copy to wait on.
+        void* data = block->data();
+        dst =
+            std::make_shared<Buffer>(data, n, target,
+                                     [copy = stream, consumers, block = std::move(block)](
+                                         void* p, std::size_t) { copy->released(p, *consumers); });
+      } else {
+        dst = std::move(block);
+      }
       // Host and pinned sources are host→device; a tensor on another device goes peer to
       // peer, which cudaMemcpyDefault resolves through unified addressing.
       cudaMemcpyKind kind =
@@ -321,19 +485,26 @@ Batch DeviceCopy::copy(Batch batch) {
   }
   DeviceGuard guard(target_.index);
   cudaStream_t stream = impl_->stream->get();
+  // Staging buffers of fences dropped before their copies completed.
+  impl_->stream->collect();
 
   std::vector<Tensor> sources;
   sources.reserve(batch.fields.size());
+  auto consumers = std::make_shared<ConsumerStreams>();
   try {
     for (auto& [id, t] : batch.fields) {
       if (!t.defined() || t.device() == target_) continue;
-      t = impl_->issue(t, target_, sources);
+      t = impl_->issue(t, target_, sources, consumers);
     }
     if (batch.user_to_device && batch.user.has_value()) {
       impl_->pending = &sources;
+      impl_->pending_consumers = consumers;
       struct Reset {
         Impl* impl;
-        ~Reset() { impl->pending = nullptr; }
+        ~Reset() {
+          impl->pending = nullptr;
+          impl->pending_consumers.reset();
+        }
       } reset{impl_.get()};
       batch.user_to_device(batch.user, *this);
     }
@@ -344,7 +515,8 @@ Batch DeviceCopy::copy(Batch batch) {
       impl_->stream->release_event(event);
       throw_cuda("cudaEventRecord", err);
     }
-    batch.fence = std::make_shared<CudaFence>(impl_->stream, event, std::move(sources));
+    batch.fence =
+        std::make_shared<CudaFence>(impl_->stream, event, std::move(sources), std::move(consumers));
   } catch (...) {
     // Copies already issued may still read `sources`; finish them before they are released.
     (void)cudaStreamSynchronize(stream);
@@ -357,14 +529,15 @@ Batch DeviceCopy::copy(Batch batch) {
 Tensor DeviceCopy::to_device(const Tensor& tensor) {
   if (!impl_ || !tensor.defined() || tensor.device() == target_) return tensor;
   // Inside copy(): the target is current and the batch's Fence will cover this copy.
-  if (impl_->pending != nullptr) return impl_->issue(tensor, target_, *impl_->pending);
+  if (impl_->pending != nullptr)
+    return impl_->issue(tensor, target_, *impl_->pending, impl_->pending_consumers);
   // On its own: nothing else will wait for the copy, so it completes here, before the
   // source can be released.
   DeviceGuard guard(target_.index);
   cudaStream_t stream = impl_->stream->get();
   std::vector<Tensor> sources;
   try {
-    Tensor out = impl_->issue(tensor, target_, sources);
+    Tensor out = impl_->issue(tensor, target_, sources, nullptr);
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     return out;
   } catch (...) {

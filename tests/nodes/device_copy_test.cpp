@@ -172,6 +172,28 @@ TEST(DeviceCopy, CpuPipelineMatchesPipelineWithoutCopy) {
   EXPECT_EQ(testing::drain(copied), expect);
 }
 
+TEST(DeviceCopy, StreamHandoverOfHostBatchesIsAPlainNext) {
+  testing::TempDir dir;
+  auto glob = testing::write_records(dir.str(), 300, 48, 3);
+  Loader plain(records_pipeline(glob, std::nullopt));
+  Loader copied(records_pipeline(glob, DeviceCopyOptions{.device = "cpu"}));
+  std::vector<testing::BatchTrace> expect = testing::drain(plain);
+  int asked = 0;
+  const Loader::StreamFor stream_for = [&](const Device&) {
+    ++asked;
+    return CudaStream{nullptr};
+  };
+  std::vector<testing::BatchTrace> got;
+  while (auto b = copied.next(stream_for)) {
+    EXPECT_EQ(b->fence, nullptr);
+    b->wait();  // nothing to wait for
+    b->wait(CudaStream{nullptr});
+    got.push_back(testing::trace(*b));
+  }
+  EXPECT_EQ(got, expect);
+  EXPECT_EQ(asked, 0);  // only a batch on a device asks for its consumer's stream
+}
+
 TEST(DeviceCopy, DeviceIsFreeInTheFingerprint) {
   testing::TempDir dir;
   auto glob = testing::write_records(dir.str(), 64, 48, 1);

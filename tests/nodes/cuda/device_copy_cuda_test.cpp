@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -27,6 +28,13 @@
 // Controls of fake_cudart.cpp.
 extern "C" void fake_cuda_fail_next(const char* api, cudaError_t error, int after);
 extern "C" void fake_cuda_live(int* device_blocks, int* pinned_blocks, int* streams, int* events);
+struct FakeCudaCall {
+  const char* api;
+  void* stream;
+  void* event;
+};
+extern "C" void fake_cuda_calls(const FakeCudaCall** calls, int* n);
+extern "C" void fake_cuda_clear_calls(void);
 #define FLOWSTATE_CUDA_SUITE DeviceCopyFakeCuda
 #else
 #define FLOWSTATE_CUDA_SUITE DeviceCopyCuda
@@ -444,7 +452,256 @@ TEST(FLOWSTATE_CUDA_SUITE, LoaderMovesFromRangeBatchesToTheDevice) {
   EXPECT_EQ(got, values);
 }
 
+/// A consumer's stream (non-blocking, as a trainer's side stream) and a device scratch buffer
+/// its "kernel" — a device-to-device copy queued on it — writes. Declare it before the
+/// batches it consumes: a stream must outlive the batches handed over to it.
+class Consumer {
+ public:
+  explicit Consumer(std::size_t scratch_bytes) : n_(scratch_bytes) {
+    cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_ok(cudaMalloc(&scratch_, n_), "cudaMalloc");
+  }
+  ~Consumer() {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+    (void)cudaFree(scratch_);
+  }
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  /// Queues a read of `t` (at most the scratch's size) on the stream, as a kernel would.
+  void read(const Tensor& t) {
+    ASSERT_LE(t.nbytes(), n_);
+    cuda_ok(cudaMemcpyAsync(scratch_, t.data(), t.nbytes(), cudaMemcpyDefault, stream_),
+            "cudaMemcpyAsync");
+  }
+  /// What the last read() saw: the first `n` scratch bytes, after the stream's work.
+  std::vector<std::byte> seen(std::size_t n) {
+    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    std::vector<std::byte> out(n);
+    cuda_ok(cudaMemcpy(out.data(), scratch_, n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return out;
+  }
+
+ private:
+  std::size_t n_;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+};
+
+bool is_pattern(const std::vector<std::byte>& bytes, std::uint32_t seed) {
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    if (bytes[i] != static_cast<std::byte>(seed * 131 + i * 7)) return false;
+  return true;
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, StreamWaitOrdersTheConsumersWorkAfterTheCopy) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  constexpr std::size_t kBytes = 1 << 20;
+  Consumer consumer(kBytes);
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch out = copy.copy(pattern_batch(*copy.staging_pool(), kBytes, 7));
+  ASSERT_NE(out.fence, nullptr);
+  EXPECT_EQ(out.fence->device(), (Device{MemoryKind::kDevice, 0}));
+  out.wait(consumer.stream());  // no host wait: the consumer's stream waits on the copy
+  consumer.read(out["data"]);
+  EXPECT_TRUE(is_pattern(consumer.seen(kBytes), 7));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, ReuseOfADeviceBufferWaitsForTheConsumersRelease) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  constexpr std::size_t kBytes = 1 << 20;
+  Consumer consumer(kBytes);
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch first = copy.copy(pattern_batch(*copy.staging_pool(), kBytes, 1));
+  first.wait(consumer.stream());
+  const void* block = first["data"].data();
+  consumer.read(first["data"]);  // queued; may run after the batch is dropped
+  first = Batch{};               // dropped without any host wait
+  // The next copy lands in the same pooled block, but only after the consumer's read.
+  Batch second = copy.copy(pattern_batch(*copy.staging_pool(), kBytes, 2));
+  EXPECT_EQ(second["data"].data(), block);
+  second.wait();
+  EXPECT_TRUE(is_pattern(consumer.seen(kBytes), 1));
+  EXPECT_TRUE(has_pattern(second["data"], 2));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, LoaderHandsBatchesOverToTheConsumersStream) {
+  FLOWSTATE_REQUIRE_DEVICE();
+  testing::TempDir dir;
+  auto glob = testing::write_records(dir.str(), 500, 64, 4);
+  auto make = [&](bool copy) {
+    Pipeline::Builder b;
+    b.seed(5)
+        .records({.paths = {glob}, .record_bytes = 64})
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 100})
+        .batch({.size = 32})
+        .prefetch({.depth = 3});
+    if (copy) b.device_copy({.device = "cuda:0"});
+    return b.build();
+  };
+  Loader host(make(false), {.epochs = 2});
+  std::vector<testing::BatchTrace> expect = testing::drain(host);
+  ASSERT_EQ(expect.size(), 2u * 16u);
+
+  Consumer consumer(32 * 64);
+  std::vector<testing::BatchTrace> got;
+  {
+    Loader device(make(true), {.epochs = 2});
+    while (auto b = device.next(consumer.stream())) {
+      ASSERT_NE(b->fence, nullptr);  // kept: the copy may still be running
+      // What the consumer's stream reads, through its own queue.
+      Batch seen;
+      seen.info = b->info;
+      seen.stamp = b->stamp;
+      for (const auto& [id, t] : b->fields) {
+        EXPECT_EQ(t.device().kind, MemoryKind::kDevice);
+        consumer.read(t);
+        std::vector<std::byte> bytes = consumer.seen(t.nbytes());
+        Tensor h(t.dtype(), t.shape());
+        std::memcpy(h.data(), bytes.data(), bytes.size());
+        seen.fields.set(id, h);
+      }
+      got.push_back(testing::trace(seen));
+    }
+  }
+  EXPECT_EQ(got, expect);
+}
+
 #ifdef FLOWSTATE_FAKE_CUDART
+
+/// The fake's call log.
+std::vector<FakeCudaCall> calls() {
+  const FakeCudaCall* c = nullptr;
+  int n = 0;
+  fake_cuda_calls(&c, &n);
+  return {c, c + n};
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, StreamHandoverNeverBlocksTheHost) {
+  testing::TempDir dir;
+  auto glob = testing::write_records(dir.str(), 256, 64, 2);
+  Consumer consumer(32 * 64);
+  const void* s = consumer.stream();
+  std::vector<FakeCudaCall> log;
+  std::size_t batches = 0;
+  {
+    Loader loader(Pipeline::Builder()
+                      .records({.paths = {glob}, .record_bytes = 64})
+                      .batch({.size = 32})
+                      .prefetch({.depth = 2})
+                      .device_copy({.device = "cuda:0"})
+                      .build(),
+                  {.epochs = 3});
+    fake_cuda_clear_calls();
+    while (auto b = loader.next(consumer.stream())) {
+      consumer.read((*b)["data"]);  // the consumer's kernel, queued after the wait
+      ++batches;
+    }
+    log = calls();           // before the loader's destruction synchronizes its stream
+    (void)consumer.seen(0);  // the consumer's reads are done before the loader frees memory
+  }
+  ASSERT_EQ(batches, 3u * 8u);
+  // Which stream each event was last recorded on, replayed along the log.
+  std::map<const void*, const void*> recorded_on;
+  std::size_t consumer_waits = 0, reuse_waits = 0, release_records = 0;
+  for (const FakeCudaCall& c : log) {
+    const std::string api = c.api;
+    EXPECT_NE(api, "cudaEventSynchronize") << "a host wait on an event";
+    EXPECT_NE(api, "cudaStreamSynchronize") << "a host wait on a stream";
+    if (api == "cudaEventRecord") {
+      recorded_on[c.event] = c.stream;
+      release_records += c.stream == s;
+    } else if (api == "cudaStreamWaitEvent") {
+      ASSERT_TRUE(recorded_on.contains(c.event)) << "a wait on an event never recorded";
+      if (c.stream == s) {
+        // The consumer waits on a copy's event, recorded on the copy stream.
+        EXPECT_NE(recorded_on[c.event], s);
+        ++consumer_waits;
+      } else {
+        // The copy stream waits, before reusing a block, on the consumer's release event.
+        EXPECT_EQ(recorded_on[c.event], s);
+        ++reuse_waits;
+      }
+    }
+  }
+  EXPECT_EQ(consumer_waits, batches);
+  // Every batch's block is released after the consumer's read, and a reused one is written
+  // only after its release event.
+  EXPECT_GE(release_records, batches);
+  EXPECT_GT(reuse_waits, 0u);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, ReuseWaitsOnTheReleaseEventRecordedOnTheConsumersStream) {
+  constexpr std::size_t kBytes = 4096;
+  Consumer consumer(kBytes);
+  DeviceCopy copy({.device = "cuda:0"});
+  Batch first = copy.copy(pattern_batch(*copy.staging_pool(), kBytes, 1));
+  first.wait(consumer.stream());
+  consumer.read(first["data"]);
+  fake_cuda_clear_calls();
+  first = Batch{};
+  std::vector<FakeCudaCall> released = calls();
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_STREQ(released[0].api, "cudaEventRecord");
+  EXPECT_EQ(released[0].stream, consumer.stream());
+  fake_cuda_clear_calls();
+  Batch second = copy.copy(pattern_batch(*copy.staging_pool(), kBytes, 2));
+  std::vector<FakeCudaCall> reused = calls();
+  ASSERT_GE(reused.size(), 2u);
+  // First the copy stream waits on the release event, then the copy's own event is recorded.
+  EXPECT_STREQ(reused[0].api, "cudaStreamWaitEvent");
+  EXPECT_EQ(reused[0].event, released[0].event);
+  EXPECT_NE(reused[0].stream, consumer.stream());
+  EXPECT_STREQ(reused.back().api, "cudaEventRecord");
+  EXPECT_EQ(reused.back().stream, reused[0].stream);
+  EXPECT_TRUE(is_pattern(consumer.seen(kBytes), 1));
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, DroppedFenceKeepsItsStagingBufferUntilTheCopyCompletes) {
+  DeviceCopy copy({.device = "cuda:0"});
+  auto& pool = *copy.staging_pool();
+  constexpr std::size_t kBytes = 4096;
+  Batch out = copy.copy(pattern_batch(pool, kBytes, 5));
+  Tensor data = out["data"];
+  out = Batch{};  // the fence goes without a host wait while the copy has not run
+  // The staging block is still the pending copy's: a new batch gets a new one.
+  { auto other = pool.acquire(kBytes); }
+  EXPECT_EQ(pool.allocated(), 2u);
+  Batch next = copy.copy(pattern_batch(pool, kBytes, 6));
+  next.wait();  // runs the stream: both copies complete
+  EXPECT_TRUE(has_pattern(data, 5));
+  EXPECT_TRUE(has_pattern(next["data"], 6));
+  // The next copy() finds the first copy complete and releases its block.
+  Batch last = copy.copy(pattern_batch(pool, kBytes, 7));
+  last.wait();
+  {
+    auto a = pool.acquire(kBytes);
+    auto b = pool.acquire(kBytes);
+  }
+  EXPECT_EQ(pool.allocated(), 2u);
+}
+
+TEST(FLOWSTATE_CUDA_SUITE, LoaderReportsAFailedStreamWaitAsTheNodesError) {
+  testing::TempDir dir;
+  auto glob = testing::write_records(dir.str(), 64, 64, 1);
+  Consumer consumer(64);
+  Loader loader(Pipeline::Builder()
+                    .records({.paths = {glob}, .record_bytes = 64})
+                    .batch({.size = 32})
+                    .device_copy({.device = "cuda:0"})
+                    .build());
+  fake_cuda_fail_next("cudaStreamWaitEvent", cudaErrorLaunchFailure, 0);
+  try {
+    loader.next(consumer.stream());
+    FAIL() << "the failed wait was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.node(), "device_copy");
+    EXPECT_THAT(e.what(), HasSubstr("node 'device_copy': CUDA error in cudaStreamWaitEvent: "
+                                    "unspecified launch failure"));
+  }
+}
 
 TEST(FLOWSTATE_CUDA_SUITE, FailedCopyThrowsErrorNamingTheCallAndTheNodeRecovers) {
   DeviceCopy copy({.device = "cuda:0"});

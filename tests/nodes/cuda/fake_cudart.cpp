@@ -12,7 +12,11 @@
 //   the fence reads stale bytes;
 // - every allocation, stream and event is counted, so tests can check nothing leaks.
 // FAKE_CUDA_DEVICES sets the device count (default 2); fake_cuda_fail_next() injects errors,
-// fake_cuda_live() counts what is allocated.
+// fake_cuda_live() counts what is allocated, and fake_cuda_calls() returns the log of the
+// synchronizing calls (cudaEventRecord, cudaStreamWaitEvent, cudaEventSynchronize,
+// cudaStreamSynchronize) with their stream and event handles, in order.
+// cudaStreamWaitEvent(s, e) queues on `s` an operation that runs `e`'s stream up to `e`, so
+// work ordered after an event sees what the work before it wrote, and nothing else does.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -46,8 +50,16 @@ struct FakeEvent {
   std::uint64_t position = 0;    // complete when stream->completed >= position
 };
 
+/// One logged call (see fake_cuda_calls).
+struct FakeCudaCall {
+  const char* api;
+  void* stream;  // null for the event-only calls
+  void* event;   // null for cudaStreamSynchronize
+};
+
 struct Runtime {
   std::recursive_mutex mu;
+  std::vector<FakeCudaCall> calls;
   int devices = 2;
   std::map<const char*, Allocation, std::less<>> allocations;  // by base address
   std::vector<FakeStream*> streams;
@@ -110,6 +122,10 @@ bool is_device_ptr(const void* p) {
   return c < it->first + it->second.size && it->second.device >= 0;
 }
 
+void log_call(const char* api, void* stream, void* event) {
+  rt().calls.push_back({api, stream, event});
+}
+
 cudaError_t run_until(FakeStream* s, std::uint64_t position) {
   while (s->completed < position) {
     auto op = std::move(s->pending.front());
@@ -157,6 +173,20 @@ void fake_cuda_live(int* device_blocks, int* pinned_blocks, int* streams, int* e
   for (const auto& [p, a] : rt().allocations) ++(a.device >= 0 ? *device_blocks : *pinned_blocks);
   *streams = static_cast<int>(rt().streams.size());
   *events = static_cast<int>(rt().events.size());
+}
+
+/// The calls logged since the last fake_cuda_clear_calls() (tests only): `*n` entries of
+/// {api name, stream, event}, valid until the next CUDA call.
+void fake_cuda_calls(const FakeCudaCall** calls, int* n) {
+  std::lock_guard lock(rt().mu);
+  *calls = rt().calls.data();
+  *n = static_cast<int>(rt().calls.size());
+}
+
+/// Empties the call log (tests only).
+void fake_cuda_clear_calls(void) {
+  std::lock_guard lock(rt().mu);
+  rt().calls.clear();
 }
 
 cudaError_t cudaGetLastError(void) { return std::exchange(last_error, cudaSuccess); }
@@ -263,9 +293,19 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
   return cudaSuccess;
 }
 
+/// The stream `stream` names, or misuse (the fake has no default stream).
+FakeStream* live_stream(cudaStream_t stream, const char* api) {
+  auto* s = reinterpret_cast<FakeStream*>(stream);
+  auto& v = rt().streams;
+  if (std::find(v.begin(), v.end(), s) == v.end())
+    misuse(std::string(api) + " of an unknown stream (destroyed, or the default stream)");
+  return s;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   std::lock_guard lock(rt().mu);
-  auto* s = reinterpret_cast<FakeStream*>(stream);
+  log_call("cudaStreamSynchronize", stream, nullptr);
+  auto* s = live_stream(stream, "cudaStreamSynchronize");
   return result(run_until(s, s->issued));
 }
 
@@ -307,8 +347,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   std::lock_guard lock(rt().mu);
   cudaError_t e;
   if (injected("cudaEventRecord", &e)) return result(e);
+  log_call("cudaEventRecord", stream, event);
   auto* ev = reinterpret_cast<FakeEvent*>(event);
-  auto* s = reinterpret_cast<FakeStream*>(stream);
+  auto* s = live_stream(stream, "cudaEventRecord");
   if (std::find(rt().events.begin(), rt().events.end(), ev) == rt().events.end())
     misuse("cudaEventRecord of an unknown event");
   if (ev->device != s->device || current_device != s->device)
@@ -320,6 +361,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::lock_guard lock(rt().mu);
+  log_call("cudaEventSynchronize", nullptr, event);
   auto* ev = reinterpret_cast<FakeEvent*>(event);
   if (std::find(rt().events.begin(), rt().events.end(), ev) == rt().events.end())
     misuse("cudaEventSynchronize of an unknown event (used after destroy?)");
@@ -327,6 +369,39 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (injected("cudaEventSynchronize", &e)) return result(e);
   if (ev->stream == nullptr) return cudaSuccess;
   return result(run_until(ev->stream, ev->position));
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  std::lock_guard lock(rt().mu);
+  auto* ev = reinterpret_cast<FakeEvent*>(event);
+  if (std::find(rt().events.begin(), rt().events.end(), ev) == rt().events.end())
+    misuse("cudaEventQuery of an unknown event (used after destroy?)");
+  if (ev->stream == nullptr || ev->stream->completed >= ev->position) return cudaSuccess;
+  return cudaErrorNotReady;  // not an error: not recorded as the last one
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  std::lock_guard lock(rt().mu);
+  log_call("cudaStreamWaitEvent", stream, event);
+  cudaError_t e;
+  if (injected("cudaStreamWaitEvent", &e)) return result(e);
+  if (flags != 0) misuse("cudaStreamWaitEvent: unexpected flags");
+  auto* s = live_stream(stream, "cudaStreamWaitEvent");
+  auto* ev = reinterpret_cast<FakeEvent*>(event);
+  if (std::find(rt().events.begin(), rt().events.end(), ev) == rt().events.end())
+    misuse("cudaStreamWaitEvent of an unknown event");
+  // The wait is on the event as recorded now; a later record does not move it.
+  FakeStream* on = ev->stream;
+  const std::uint64_t position = ev->position;
+  if (on == nullptr || on == s) return cudaSuccess;
+  ++s->issued;
+  s->pending.push_back([on, position] {
+    // The event's stream may be gone: cudaStreamDestroy ran its work first.
+    auto& v = rt().streams;
+    if (std::find(v.begin(), v.end(), on) == v.end()) return cudaSuccess;
+    return run_until(on, position);
+  });
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind,
