@@ -70,6 +70,22 @@ def default_collate(items):
     return torch.utils.data.default_collate(items)
 
 
+def _map_tensors(value, fn):
+    """`value` with fn(t) in place of every CPU torch.Tensor t in it, through dicts, lists and
+    (named) tuples: how device_copy moves a Python source's collated batch."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value.detach()) if value.device.type == "cpu" else value
+    if isinstance(value, Mapping):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_map_tensors(v, fn) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
+
+
 # ---- pipelines ----
 
 def _yaml_value(v):
@@ -357,14 +373,39 @@ class Batch(Mapping):
     """A read-only mapping field name -> torch.Tensor. Tensor fields share flowstate's buffer
     (DLPack: no copy; the buffer lives as long as any tensor viewing it). For a Python source,
     `value` is what collate returned; a dict is the mapping, anything else is the one field
-    named after the source."""
+    named after the source.
 
-    __slots__ = ("info", "value", "_fields")
+    With `device_copy` to a CUDA device, the batch is handed over to PyTorch's current stream
+    (on the batch's device) when the loader returns it: that stream waits on the copy
+    (cudaStreamWaitEvent), the host does not, and the pool reuses the batch's device memory
+    only after the work that stream had queued when the last tensor on it was dropped. Use
+    the tensors on that stream, or call `wait(stream)` before using them on another one;
+    `wait()` blocks until the copy is complete. `dlpack(name)` is the field as a DLPack
+    producer for other consumers (`torch.utils.dlpack.from_dlpack`, CuPy, JAX): its
+    `__dlpack__(stream=...)` makes the consumer's stream wait the same way."""
 
-    def __init__(self, info, fields, value):
+    __slots__ = ("info", "value", "_fields", "_producers", "_fence")
+
+    def __init__(self, info, fields, value, producers=None, fence=None):
         self.info = info
         self.value = value
         self._fields = fields
+        self._producers = producers or {}
+        self._fence = fence
+
+    def wait(self, stream=None):
+        """Without `stream`, blocks until the batch's device copy is complete; with one (a
+        torch.cuda.Stream or its `cuda_stream` handle), makes that stream's later work wait for
+        the copy, without blocking, and orders the reuse of the batch's device memory after
+        it. A no-op for a batch in host memory."""
+        if self._fence is not None:
+            self._fence.wait(stream)
+
+    def dlpack(self, name):
+        """The tensor field `name` as an object with `__dlpack__(stream=None)` and
+        `__dlpack_device__()`. `__dlpack__` with a stream makes it wait for the copy; without
+        one (None) it blocks until the copy is complete."""
+        return self._producers[name]
 
     def __getitem__(self, key):
         return self._fields[key]
@@ -435,10 +476,10 @@ class Loader:
         parts = self._native.next()
         if parts is None:
             raise StopIteration
-        info, fields, value = parts
+        info, fields, value, producers, fence = parts
         if value is not None:
             fields = dict(value) if isinstance(value, Mapping) else {self.pipeline._value_name: value}
-        return Batch(BatchInfo._make(info), fields, value)
+        return Batch(BatchInfo._make(info), fields, value, producers, fence)
 
     def __len__(self):
         """Batches the run schedules (epochs x batches per epoch), when the epoch's length is

@@ -7,6 +7,7 @@
 // Loader's construction and destruction) releases it, because the graph's threads take it to
 // run Python callbacks. Python objects riding in samples are PyObj, whose copies and
 // destruction take the GIL themselves.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -27,6 +28,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/accumulate.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/device_copy.h"
 #include "flowstate/nodes/sources/iterable.h"
 
 namespace py = pybind11;
@@ -178,6 +180,9 @@ struct ProducerFactory {
   }
 };
 
+void python_value_to_device(UserValue& value, DeviceCopy& copy);
+py::object to_torch(const Tensor& t);
+
 /// Collates a batch of Python values with the Python `collate` (the user's or the default).
 UserCollateFn python_collate(PyCallable collate) {
   return [collate](std::vector<Sample>& samples, Batch& batch) {
@@ -196,6 +201,7 @@ UserCollateFn python_collate(PyCallable collate) {
       return PyObj(collate.fn->get()(list));
     });
     batch.user = UserValue::make(std::move(collated));
+    batch.user_to_device = python_value_to_device;
   };
 }
 
@@ -233,6 +239,117 @@ SourceSpec python_source(const py::handle& spec) {
   source.user_collate = python_collate(
       callable_of(spec, "collate", "collate of '" + attr_string(spec, "name") + "'"));
   return source;
+}
+
+// ---- Python maps and filters on tensor samples ----
+
+/// `t` as a read-only numpy array sharing its memory (the array keeps the tensor alive): a
+/// source's samples may view a read-only file mapping, which an in-place change would crash
+/// on. The GIL is held.
+py::array numpy_view(const Tensor& t) {
+  const std::size_t item = dtype_size(t.dtype());
+  std::vector<py::ssize_t> shape, strides;
+  for (std::int64_t d : t.shape().dims()) shape.push_back(static_cast<py::ssize_t>(d));
+  strides.resize(shape.size());
+  py::ssize_t stride = static_cast<py::ssize_t>(item);
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<py::ssize_t>(shape[i], 1);
+  }
+  py::capsule owner(new Tensor(t), [](void* p) { delete static_cast<Tensor*>(p); });
+  py::array a(py::dtype(std::string(dtype_name(t.dtype()))), shape, strides, t.data(), owner);
+  a.attr("flags").attr("writeable") = false;
+  return a;
+}
+
+/// A sample's tensor fields as a dict field -> read-only numpy view. The GIL is held.
+py::dict sample_dict(const Sample& s) {
+  py::dict d;
+  for (const auto& [id, t] : s) d[py::str(std::string(field_name(id)))] = numpy_view(t);
+  return d;
+}
+
+/// The value `v` of field `field` that `who` returned (a torch CPU tensor, a numpy array,
+/// anything numpy.asarray takes) as a Tensor sharing its memory when it is contiguous. The
+/// GIL is held; throws Error for a type flowstate has no dtype for.
+Tensor tensor_of(const py::handle& v, const std::string& who, const std::string& field) {
+  static py::object* contiguous =
+      new py::object(py::module_::import("numpy").attr("ascontiguousarray"));  // never destroyed
+  py::array a = (*contiguous)(v);
+  const std::string name = py::str(a.dtype().attr("name"));
+  DType dtype;
+  try {
+    dtype = parse_dtype(name);
+  } catch (const ConfigError&) {
+    throw Error(who + " returned field '" + field + "' of dtype " + name +
+                ", which flowstate does not hold (uint8..int64, float32, float64, bool)");
+  }
+  std::vector<std::int64_t> dims;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) dims.push_back(a.shape(i));
+  auto owner = std::make_shared<PyObj>(a);
+  auto buffer = Buffer::borrow(const_cast<void*>(a.data()), static_cast<std::size_t>(a.nbytes()),
+                               std::move(owner));
+  return Tensor(std::move(buffer), 0, dtype, Shape::of(dims));
+}
+
+/// device_copy of a Python source's batch: the CPU torch tensors of the collated value (a
+/// tensor, or dicts, lists and tuples of them, walked by flowstate._map_tensors) move to the
+/// target with DeviceCopy::to_device, so they join the batch's fence and its stream handover.
+/// A tensor of a dtype flowstate does not hold (float16, ...) is moved by torch itself
+/// (`.to(device)`, complete when it returns). Host targets leave the value as it is.
+void python_value_to_device(UserValue& value, DeviceCopy& copy) {
+  if (copy.target().kind != MemoryKind::kDevice || !value.holds<PyObj>()) return;
+  PyObj& v = value.get<PyObj>();
+  const std::string device = copy.target().to_string();
+  v = call_python("device_copy of '" + device + "' (a Python batch)", [&] {
+    py::cpp_function move([&copy, device](const py::object& t) -> py::object {
+      Tensor host;
+      try {
+        host = tensor_of(t, "collate", "value");
+      } catch (const Error&) {
+        return t.attr("to")(device);
+      }
+      return to_torch(copy.to_device(host));
+    });
+    return PyObj(py::module_::import("flowstate").attr("_map_tensors")(v.get(), move));
+  });
+}
+
+/// A Python map on any sample: a Python value (a Python source's) is passed as it is and
+/// replaced by what the function returns; a tensor sample is passed as sample_dict() and its
+/// fields replaced by the returned mapping's.
+SampleFn python_map_fn(PyCallable fn) {
+  return [fn](Sample& s, MapContext&) {
+    if (s.user.holds<PyObj>()) {
+      PyObj& v = s.user.get<PyObj>();
+      v = call_python(fn.who, [&] { return PyObj(fn.fn->get()(v.get())); });
+      return;
+    }
+    Fields out = call_python(fn.who, [&] {
+      py::object r = fn.fn->get()(sample_dict(s));
+      if (!py::isinstance<py::dict>(r) &&
+          !py::isinstance(r, py::module_::import("collections.abc").attr("Mapping")))
+        throw Error(fn.who + " returned " + std::string(py::str(py::type::of(r).attr("__name__"))) +
+                    " for a sample of tensor fields; return a dict field -> array");
+      Fields f;
+      for (const auto& [k, v] : py::dict(r)) {
+        const std::string field = py::str(k);
+        f.set(field, tensor_of(v, fn.who, field));
+      }
+      return f;
+    });
+    static_cast<Fields&>(s) = std::move(out);
+  };
+}
+
+/// A Python filter on any sample (the value, or sample_dict()).
+std::function<bool(const Sample&, MapContext&)> python_filter_fn(PyCallable fn) {
+  return [fn](const Sample& s, MapContext&) {
+    return call_python(fn.who, [&] {
+      py::object arg = s.user.holds<PyObj>() ? s.user.get<PyObj>().get() : sample_dict(s);
+      return py::bool_(fn.fn->get()(arg)).cast<bool>();
+    });
+  };
 }
 
 /// The registry of one Python pipeline: the process's node types, plus `iterable` (a Python
@@ -280,10 +397,7 @@ Registry python_registry(const std::shared_ptr<std::vector<PyObj>>& specs) {
     PyCallable fn = callable_of(spec, "fn", "map '" + name + "'");
     MapOptions options{.name = name};
     if (ctx.params.has("workers")) options.workers = static_cast<int>(ctx.params.uint("workers"));
-    ctx.builder.map(map_value<PyObj>([fn](PyObj& v) {
-                      return call_python(fn.who, [&] { return PyObj(fn.fn->get()(v.get())); });
-                    }),
-                    std::move(options));
+    ctx.builder.map(python_map_fn(std::move(fn)), std::move(options));
   };
   NodeSchema filter{
       .type = "python_filter", .doc = "a Python predicate on each sample", .params = {ref}};
@@ -293,11 +407,7 @@ Registry python_registry(const std::shared_ptr<std::vector<PyObj>>& specs) {
     py::object spec = spec_of(ctx.params);
     const std::string name = attr_string(spec, "name");
     PyCallable fn = callable_of(spec, "fn", "filter '" + name + "'");
-    ctx.builder.filter(filter_value<PyObj>([fn](const PyObj& v) {
-                         return call_python(
-                             fn.who, [&] { return py::bool_(fn.fn->get()(v.get())).cast<bool>(); });
-                       }),
-                       {.name = name});
+    ctx.builder.filter(python_filter_fn(std::move(fn)), {.name = name});
   };
   r.add(std::move(filter));
   return r;
@@ -379,19 +489,29 @@ py::tuple load_yaml(const std::string& text_or_path, bool is_file, const std::st
 
 // ---- batches ----
 
-/// A flowstate tensor as a torch.Tensor sharing its memory (DLPack; the capsule's owner keeps
-/// the buffer alive for as long as torch holds the tensor).
-py::object to_torch(const Tensor& t) {
+/// The DLPack device of `t` as a consumer sees it: pinned host memory is host memory
+/// (PyTorch 1.13 does not accept kDLCUDAHost).
+DLDevice dlpack_device(const Tensor& t) {
+  if (t.device().kind == MemoryKind::kDevice) return {kDLCUDA, t.device().index};
+  return {kDLCPU, 0};
+}
+
+/// A "dltensor" capsule sharing `t`'s memory (the capsule's owner keeps the buffer alive for
+/// as long as its consumer holds the tensor).
+py::capsule dlpack_capsule(const Tensor& t) {
   DLManagedTensor* m = t.to_dlpack();
-  // Pinned host memory is host memory to a consumer; PyTorch 1.13 does not accept kDLCUDAHost.
-  if (m->dl_tensor.device.device_type == kDLCUDAHost) m->dl_tensor.device = {kDLCPU, 0};
-  py::capsule capsule(m, "dltensor", [](PyObject* cap) {
+  m->dl_tensor.device = dlpack_device(t);
+  return py::capsule(m, "dltensor", [](PyObject* cap) {
     // Not consumed (renamed to "used_dltensor" by a consumer that took ownership): free it.
     if (PyCapsule_IsValid(cap, "dltensor")) {
       auto* mt = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
       if (mt != nullptr && mt->deleter != nullptr) mt->deleter(mt);
     }
   });
+}
+
+/// A flowstate tensor as a torch.Tensor sharing its memory (DLPack).
+py::object to_torch(const Tensor& t) {
   // torch.utils.dlpack.from_dlpack calls torch._C._from_dlpack for a capsule; calling it
   // directly saves a Python frame per tensor.
   static py::object* from_dlpack = [] {
@@ -400,8 +520,70 @@ py::object to_torch(const Tensor& t) {
                               ? c.attr("_from_dlpack")
                               : py::module_::import("torch.utils.dlpack").attr("from_dlpack"));
   }();
-  return (*from_dlpack)(capsule);
+  return (*from_dlpack)(dlpack_capsule(t));
 }
+
+/// A stream as the DLPack protocol and PyTorch pass it: None, an int (1 is the legacy
+/// default stream, 2 the per-thread one, as cudaStreamLegacy / cudaStreamPerThread spell
+/// them), or an object with `cuda_stream` (torch.cuda.Stream).
+CudaStream stream_of(const py::handle& stream) {
+  if (stream.is_none()) return nullptr;
+  py::object handle = py::hasattr(stream, "cuda_stream")
+                          ? stream.attr("cuda_stream")
+                          : py::reinterpret_borrow<py::object>(stream);
+  return reinterpret_cast<CudaStream>(handle.cast<std::uintptr_t>());
+}
+
+/// PyTorch's current stream on `device` (the stream handover's consumer in Python).
+CudaStream torch_current_stream(const Device& device) {
+  return call_python("torch.cuda.current_stream", [&] {
+    py::object s = py::module_::import("torch.cuda").attr("current_stream")(device.index);
+    return stream_of(s);
+  });
+}
+
+/// The completion of a batch's device copy, as Python's Batch keeps it: wait() on the host,
+/// or wait(stream) for the stream handover (cudaStreamWaitEvent). Null for host batches.
+struct PyFence {
+  std::shared_ptr<const Fence> fence;
+
+  void wait(const py::object& stream) const {
+    if (!fence) return;
+    if (stream.is_none()) {
+      py::gil_scoped_release release;
+      fence->wait();
+      return;
+    }
+    const CudaStream s = stream_of(stream);
+    fence->wait(s);
+  }
+  /// The device index (-1 for host work).
+  int device() const {
+    if (!fence) return -1;
+    const Device d = fence->device();
+    return d.kind == MemoryKind::kDevice ? d.index : -1;
+  }
+};
+
+/// One field of a batch as a DLPack producer (`__dlpack__`, `__dlpack_device__`): a consumer
+/// that passes its stream (torch.utils.dlpack.from_dlpack passes PyTorch's current one) has
+/// that stream wait on the batch's copy instead of the host.
+struct PyDLPackTensor {
+  Tensor tensor;
+  PyFence fence;
+
+  py::capsule dlpack(const py::object& stream) const {
+    if (tensor.device().kind == MemoryKind::kDevice) {
+      // None: the consumer did not say which stream it uses, so the copy must be complete.
+      fence.wait(stream);
+    }
+    return dlpack_capsule(tensor);
+  }
+  py::tuple dlpack_device() const {
+    const DLDevice d = ::dlpack_device(tensor);
+    return py::make_tuple(static_cast<int>(d.device_type), d.device_id);
+  }
+};
 
 /// The fields of flowstate.BatchInfo, in its order.
 py::tuple info_tuple(const BatchInfo& info) {
@@ -410,14 +592,18 @@ py::tuple info_tuple(const BatchInfo& info) {
                         info.is_last_in_epoch, info.num_samples, info.remainder, info.padding);
 }
 
-/// What Python sees of a batch: its info, its tensor fields (as torch tensors) and the value
-/// a Python collate made.
+/// What Python sees of a batch: its info, its tensor fields (as torch tensors), the value a
+/// Python collate made, the fields as DLPack producers, and the copy's fence.
 py::tuple batch_parts(const Batch& b) {
-  py::dict fields;
-  for (const auto& [id, tensor] : b.fields)
-    fields[py::str(std::string(field_name(id)))] = to_torch(tensor);
+  py::dict fields, producers;
+  PyFence fence{b.fence};
+  for (const auto& [id, tensor] : b.fields) {
+    py::str name(std::string(field_name(id)));
+    fields[name] = to_torch(tensor);
+    producers[name] = PyDLPackTensor{tensor, fence};
+  }
   py::object user = b.user.holds<PyObj>() ? b.user.get<PyObj>().get() : py::none();
-  return py::make_tuple(info_tuple(b.info), fields, user);
+  return py::make_tuple(info_tuple(b.info), fields, user, producers, fence);
 }
 
 // ---- the loader ----
@@ -515,11 +701,14 @@ class PyLoader {
     if (!loader_) throw Error("this flowstate.Loader was stopped at interpreter shutdown");
     return *loader_;
   }
+  /// The next batch's parts (batch_parts), or None. A batch copied to a CUDA device is handed
+  /// over to PyTorch's current stream on that device (no host wait).
   py::object next() {
     std::optional<Batch> b;
     {
       py::gil_scoped_release release;
-      b = loader().next();
+      static const Loader::StreamFor kTorchStream = torch_current_stream;
+      b = loader().next(kTorchStream);
     }
     if (!b) return py::none();
     return batch_parts(*b);
@@ -669,6 +858,15 @@ PYBIND11_MODULE(_flowstate, m) {
   m.def("pipeline_params", &top_level_params, "The top-level keys of a pipeline document.");
   m.def("load_yaml", &load_yaml, py::arg("text_or_path"), py::arg("is_file"), py::arg("origin"),
         py::arg("overrides"), py::arg("base_dir"), py::arg("python_nodes"));
+
+  py::class_<PyFence>(m, "Fence")
+      .def("wait", &PyFence::wait, py::arg("stream") = py::none(),
+           "Without a stream, blocks until the batch's device copy is complete; with one "
+           "(torch.cuda.Stream or its handle), makes it wait on the copy (cudaStreamWaitEvent).")
+      .def_property_readonly("device", &PyFence::device);
+  py::class_<PyDLPackTensor>(m, "DLPackTensor")
+      .def("__dlpack__", &PyDLPackTensor::dlpack, py::arg("stream") = py::none())
+      .def("__dlpack_device__", &PyDLPackTensor::dlpack_device);
 
   py::class_<PyPipeline>(m, "Pipeline")
       .def_property_readonly("fingerprint",

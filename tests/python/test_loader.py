@@ -142,3 +142,30 @@ def test_skip_checkpoint_restore_and_stats(tmp_path, records_doc):
     (tmp_path / "bad" / "step-000000000001.tmp").mkdir(parents=True)
     with pytest.raises(flowstate.CheckpointError):
         flowstate.Loader(p).restore(tmp_path / "bad")
+
+
+def test_fields_are_dlpack_producers_with_the_stream_protocol(records_doc):
+    # On a host batch the protocol is the CPU one (no stream); the CUDA stream handover itself
+    # is tested against the fake CUDA runtime (tests/nodes/cuda/device_copy_cuda_test.cpp).
+    b = next(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc)))
+    producer = b.dlpack("data")
+    assert producer.__dlpack_device__() == (1, 0)  # kDLCPU, device 0
+    t = torch.utils.dlpack.from_dlpack(producer)
+    assert t.data_ptr() == b["data"].data_ptr() and torch.equal(t, b["data"])
+    assert torch.equal(torch.utils.dlpack.from_dlpack(producer.__dlpack__(stream=None)), t)
+    b.wait()  # a host batch: nothing to wait for
+    b.wait(stream=1)
+    with pytest.raises(KeyError):
+        b.dlpack("nope")
+
+
+def test_device_copy_auto_hands_out_the_same_batches(records_doc):
+    # With a CUDA device, "auto" copies to it and the loop's batches are handed over to the
+    # current stream: .cpu() on that stream sees the copied bytes.
+    plain = [(b.info.step, b["data"].clone())
+             for b in flowstate.Loader(flowstate.Pipeline.from_dict(records_doc))]
+    doc = dict(records_doc, nodes=records_doc["nodes"] + [{"device_copy": {"device": "auto"}}])
+    copied = [(b.info.step, b["data"].cpu().clone())
+              for b in flowstate.Loader(flowstate.Pipeline.from_dict(doc))]
+    assert [s for s, _ in copied] == [s for s, _ in plain]
+    assert all(torch.equal(a, c) for (_, a), (_, c) in zip(plain, copied))

@@ -5,8 +5,10 @@ import pickle
 import warnings
 
 import flowstate
+import numpy as np
 import pytest
 import torch
+from conftest import record
 
 
 @dataclasses.dataclass
@@ -21,6 +23,11 @@ def items(n=50):
 
 def collate_items(batch):
     return {"x": torch.tensor([b.x for b in batch]), "label": torch.tensor([b.label for b in batch])}
+
+
+def records(doc):
+    """A builder on the records source of `doc` (conftest's records_doc)."""
+    return flowstate.records(**{k: v for k, v in doc["source"].items() if k != "type"})
 
 
 def drain(loader, key):
@@ -137,6 +144,42 @@ def test_the_accelerate_example():
     got = [b.value for b in loader]
     assert [t.tolist() for t in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     assert all(isinstance(t, torch.Tensor) for t in got)
+
+
+def test_from_sequence_with_collate_and_device_copy():
+    p = (flowstate.from_sequence(items(10), name="items", collate=collate_items)
+         .batch(size=4).device_copy().build())
+    batches = list(flowstate.Loader(p))
+    assert [b["label"].tolist() for b in batches] == [[0, 1, 2, 0], [1, 2, 0, 1], [2, 0]]
+    assert [b["x"].tolist() for b in batches] == [[0.0, 0.5, 1.0, 1.5], [2.0, 2.5, 3.0, 3.5],
+                                                  [4.0, 4.5]]
+    # "auto": the collated tensors move to the GPU when there is one, else stay on the host.
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert all(b["x"].device.type == expected and b["label"].device.type == expected
+               for b in batches)
+    for b in batches:
+        b.wait()  # a host wait: nothing to wait for on the host
+
+
+def test_map_tensors_walks_dicts_lists_and_tuples():
+    value = {"a": torch.arange(3), "b": [torch.ones(2), (torch.zeros(1), 7)], "c": "text"}
+    moved = flowstate._map_tensors(value, lambda t: t + 1)
+    assert moved["a"].tolist() == [1, 2, 3] and moved["b"][0].tolist() == [2.0, 2.0]
+    assert moved["b"][1][0].tolist() == [1.0] and moved["b"][1][1] == 7
+    assert isinstance(moved["b"][1], tuple) and moved["c"] == "text"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a lent one)")
+def test_python_batches_move_to_the_device_on_the_current_stream():
+    p = (flowstate.from_sequence(items(10), name="items", collate=collate_items)
+         .batch(size=4).device_copy(device="cuda:0").build())
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        batches = [(b["x"] * 2, b["label"].clone()) for b in flowstate.Loader(p)]
+    torch.cuda.synchronize()
+    assert all(x.device.type == "cuda" for x, _ in batches)
+    assert [x.cpu().tolist() for x, _ in batches] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0],
+                                                      [8.0, 9.0]]
 
 
 def test_python_map_and_filter():
@@ -258,3 +301,43 @@ def test_a_sequence_can_be_sharded():
         return [v for b in flowstate.Loader(p) for v in b.value.tolist()]
     a, b = rank(0), rank(1)
     assert len(a) == len(b) == 10 and sorted(a + b) == list(range(20))
+
+
+def test_python_map_and_filter_on_tensor_samples(records_doc):
+    # A map on a records source gets a dict field -> read-only numpy view and returns a dict of
+    # arrays (numpy, torch, anything numpy.asarray takes).
+    def index_and_sum(sample):
+        row = sample["data"]
+        assert isinstance(row, np.ndarray) and not row.flags.writeable
+        return {"index": row[:4].view(np.uint32).astype(np.int64),
+                "total": torch.tensor([int(row[4:].sum())])}
+    p = (records(records_doc)
+         .map(index_and_sum, name="index_and_sum")
+         .filter(lambda s: int(s["index"][0]) % 2 == 0, name="even")
+         .batch(size=10).build())
+    batches = list(flowstate.Loader(p))
+    assert sorted(batches[0]) == ["index", "total"]
+    index = torch.cat([b["index"].flatten() for b in batches])
+    assert index.dtype == torch.int64 and index.tolist() == list(range(0, 2000, 2))
+    total = torch.cat([b["total"].flatten() for b in batches])
+    assert total.tolist() == [int(record(i)[4:].sum()) for i in range(0, 2000, 2)]
+
+
+def test_a_python_map_on_tensor_samples_cannot_write_the_source(records_doc):
+    def in_place(sample):
+        sample["data"][0] = 1  # the view is read-only: it may map the file itself
+        return sample
+    p = (records(records_doc)
+         .map(in_place, name="in_place").batch(size=4).build())
+    with pytest.raises(ValueError) as e:
+        next(flowstate.Loader(p))
+    assert e.value.flowstate_node == "in_place"
+
+
+def test_a_python_map_returning_a_non_mapping_for_tensor_samples_is_an_error(records_doc):
+    p = (records(records_doc)
+         .map(lambda s: 3, name="three").batch(size=4).build())
+    with pytest.raises(flowstate.Error, match="map 'three' returned int for a sample of tensor "
+                                              "fields; return a dict field -> array") as e:
+        next(flowstate.Loader(p))
+    assert e.value.node == "three"
