@@ -476,9 +476,11 @@ class Consumer {
     cuda_ok(cudaMemcpyAsync(scratch_, t.data(), t.nbytes(), cudaMemcpyDefault, stream_),
             "cudaMemcpyAsync");
   }
+  /// Waits on the host for the work queued on the stream.
+  void finish() { cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
   /// What the last read() saw: the first `n` scratch bytes, after the stream's work.
   std::vector<std::byte> seen(std::size_t n) {
-    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    finish();
     std::vector<std::byte> out(n);
     cuda_ok(cudaMemcpy(out.data(), scratch_, n, cudaMemcpyDeviceToHost), "cudaMemcpy");
     return out;
@@ -599,8 +601,8 @@ TEST(FLOWSTATE_CUDA_SUITE, StreamHandoverNeverBlocksTheHost) {
       consumer.read((*b)["data"]);  // the consumer's kernel, queued after the wait
       ++batches;
     }
-    log = calls();           // before the loader's destruction synchronizes its stream
-    (void)consumer.seen(0);  // the consumer's reads are done before the loader frees memory
+    log = calls();      // before the loader's destruction synchronizes its stream
+    consumer.finish();  // the consumer's reads are done before the loader frees memory
   }
   ASSERT_EQ(batches, 3u * 8u);
   // Which stream each event was last recorded on, replayed along the log.
