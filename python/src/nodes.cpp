@@ -1,0 +1,317 @@
+// Python sources, maps, filters and collate functions as flowstate nodes: `from_sequence`
+// (random access, O(1) resume by index), `from_iterable` (a producer over the user's factory),
+// Python maps and filters on any sample (a Python value as it is; a tensor sample as a dict of
+// read-only numpy views), and the registry of one Python pipeline that adds them to the
+// process's node types. Every callback runs under the GIL (call_python).
+#include "binding.h"
+
+namespace flowstate::python {
+
+// ---- sources ----
+
+/// seq[i] for from_sequence: the range is iota(0, n) | transform(SequenceItem), random access.
+struct SequenceItem {
+  PyCallable seq;
+  PyObj operator()(std::uint64_t i) const {
+    return call_python(seq.who, [&] {
+      py::object s = seq.fn->get();
+      return PyObj(s[py::int_(i)]);
+    });
+  }
+};
+
+/// A producer over one epoch of a Python iterable made by the user's factory.
+struct PyProducer {
+  PyCallable factory;
+  std::uint64_t epoch = 0;
+  bool takes_epoch = false;
+  std::shared_ptr<PyObj> made;      ///< what the factory returned
+  std::shared_ptr<PyObj> iterator;  ///< iter(made)
+
+  void open() {
+    call_python(factory.who, [&] {
+      py::object f = factory.fn->get();
+      py::object obj = takes_epoch ? f(epoch) : f();
+      made = std::make_shared<PyObj>(obj);
+      iterator = std::make_shared<PyObj>(py::iter(obj));
+    });
+  }
+  std::optional<PyObj> next() {
+    if (!iterator) open();
+    return call_python(factory.who, [&]() -> std::optional<PyObj> {
+      py::object it = iterator->get();
+      PyObject* item = PyIter_Next(it.ptr());
+      if (item == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        return std::nullopt;
+      }
+      py::object value = py::reinterpret_steal<py::object>(item);
+      return PyObj(value);
+    });
+  }
+};
+
+/// The same, for an iterable whose object has state_dict()/load_state_dict(): resumes exactly
+/// through them (the state is pickled into the batch's stamp).
+struct ResumablePyProducer : PyProducer {
+  std::string save() const {
+    if (!made) return {};  // not opened yet: a fresh producer is the position
+    return call_python(factory.who + " state_dict()", [&] {
+      py::object obj = made->get();
+      py::object bytes = py::module_::import("pickle").attr("dumps")(obj.attr("state_dict")());
+      return std::string(py::bytes(bytes));
+    });
+  }
+  void load(std::string_view s) {
+    if (!iterator) open();
+    call_python(factory.who + " load_state_dict()", [&] {
+      py::object state = py::module_::import("pickle").attr("loads")(py::bytes(s.data(), s.size()));
+      made->get().attr("load_state_dict")(state);
+    });
+  }
+};
+
+template <class P>
+struct ProducerFactory {
+  PyCallable factory;
+  bool takes_epoch = false;
+  P operator()(std::uint64_t epoch) const {
+    P p;
+    p.factory = factory;
+    p.epoch = epoch;
+    p.takes_epoch = takes_epoch;
+    return p;
+  }
+};
+
+void python_value_to_device(UserValue& value, DeviceCopy& copy);
+
+/// Collates a batch of Python values with the Python `collate` (the user's or the default).
+UserCollateFn python_collate(PyCallable collate) {
+  return [collate](std::vector<Sample>& samples, Batch& batch) {
+    std::vector<PyObj> values;
+    values.reserve(samples.size());
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      if (!samples[i].user.holds<PyObj>())
+        throw DataError("", DataError::kNoOffset,
+                        detail::collate_mismatch(i, samples[i], typeid(PyObj)));
+      values.push_back(std::move(samples[i].user.get<PyObj>()));
+    }
+    PyObj collated = call_python(collate.who, [&] {
+      py::list list(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) list[i] = values[i].get();
+      values.clear();  // under the GIL: the list holds them now
+      return PyObj(collate.fn->get()(list));
+    });
+    batch.user = UserValue::make(std::move(collated));
+    batch.user_to_device = python_value_to_device;
+  };
+}
+
+std::string attr_string(const py::handle& h, const char* name) { return py::str(h.attr(name)); }
+
+PyCallable callable_of(const py::handle& spec, const char* attr, const std::string& who) {
+  return {std::make_shared<PyObj>(spec.attr(attr)), who};
+}
+
+/// The source a Python spec describes (kind "sequence" or "iterable").
+SourceSpec python_source(const py::handle& spec) {
+  const std::string kind = attr_string(spec, "kind");
+  RangeOptions options{.name = attr_string(spec, "name")};
+  if (!spec.attr("size").is_none()) options.size = spec.attr("size").cast<std::uint64_t>();
+  SourceSpec source;
+  if (kind == "sequence") {
+    const auto n = spec.attr("length").cast<std::uint64_t>();
+    SequenceItem item{callable_of(spec, "obj", "sequence '" + options.name + "' __getitem__")};
+    source = from_range(std::views::iota(std::uint64_t{0}, n) | std::views::transform(item),
+                        std::move(options));
+  } else {
+    const PyCallable factory = callable_of(spec, "obj", "iterable '" + options.name + "'");
+    const bool takes_epoch = spec.attr("takes_epoch").cast<bool>();
+    if (spec.attr("resumable").cast<bool>())
+      source = from_producer(ProducerFactory<ResumablePyProducer>{factory, takes_epoch},
+                             std::move(options));
+    else {
+      const std::string name = options.name;
+      source = from_producer(ProducerFactory<PyProducer>{factory, takes_epoch}, std::move(options));
+      source.warnings = {"'" + name +
+                         "' has no state_dict()/load_state_dict(): a resume replays its epoch "
+                         "from the start (up to one epoch of work)"};
+    }
+  }
+  source.user_collate = python_collate(
+      callable_of(spec, "collate", "collate of '" + attr_string(spec, "name") + "'"));
+  return source;
+}
+
+// ---- Python maps and filters on tensor samples ----
+
+/// `t` as a read-only numpy array sharing its memory (the array keeps the tensor alive): a
+/// source's samples may view a read-only file mapping, which an in-place change would crash
+/// on. The GIL is held.
+py::array numpy_view(const Tensor& t) {
+  const std::size_t item = dtype_size(t.dtype());
+  std::vector<py::ssize_t> shape, strides;
+  for (std::int64_t d : t.shape().dims()) shape.push_back(static_cast<py::ssize_t>(d));
+  strides.resize(shape.size());
+  py::ssize_t stride = static_cast<py::ssize_t>(item);
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<py::ssize_t>(shape[i], 1);
+  }
+  py::capsule owner(new Tensor(t), [](void* p) { delete static_cast<Tensor*>(p); });
+  py::array a(py::dtype(std::string(dtype_name(t.dtype()))), shape, strides, t.data(), owner);
+  a.attr("flags").attr("writeable") = false;
+  return a;
+}
+
+/// A sample's tensor fields as a dict field -> read-only numpy view. The GIL is held.
+py::dict sample_dict(const Sample& s) {
+  py::dict d;
+  for (const auto& [id, t] : s) d[py::str(std::string(field_name(id)))] = numpy_view(t);
+  return d;
+}
+
+/// The value `v` of field `field` that `who` returned (a torch CPU tensor, a numpy array,
+/// anything numpy.asarray takes) as a Tensor sharing its memory when it is contiguous. The
+/// GIL is held; throws Error for a type flowstate has no dtype for.
+Tensor tensor_of(const py::handle& v, const std::string& who, const std::string& field) {
+  static py::object* contiguous =
+      new py::object(py::module_::import("numpy").attr("ascontiguousarray"));  // never destroyed
+  py::array a = (*contiguous)(v);
+  const std::string name = py::str(a.dtype().attr("name"));
+  DType dtype;
+  try {
+    dtype = parse_dtype(name);
+  } catch (const ConfigError&) {
+    throw Error(who + " returned field '" + field + "' of dtype " + name +
+                ", which flowstate does not hold (uint8..int64, float32, float64, bool)");
+  }
+  std::vector<std::int64_t> dims;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) dims.push_back(a.shape(i));
+  auto owner = std::make_shared<PyObj>(a);
+  auto buffer = Buffer::borrow(const_cast<void*>(a.data()), static_cast<std::size_t>(a.nbytes()),
+                               std::move(owner));
+  return Tensor(std::move(buffer), 0, dtype, Shape::of(dims));
+}
+
+/// device_copy of a Python source's batch: the CPU torch tensors of the collated value (a
+/// tensor, or dicts, lists and tuples of them, walked by flowstate._map_tensors) move to the
+/// target with DeviceCopy::to_device, so they join the batch's fence and its stream handover.
+/// A tensor of a dtype flowstate does not hold (float16, ...) is moved by torch itself
+/// (`.to(device)`, complete when it returns). Host targets leave the value as it is.
+void python_value_to_device(UserValue& value, DeviceCopy& copy) {
+  if (copy.target().kind != MemoryKind::kDevice || !value.holds<PyObj>()) return;
+  PyObj& v = value.get<PyObj>();
+  const std::string device = copy.target().to_string();
+  v = call_python("device_copy of '" + device + "' (a Python batch)", [&] {
+    py::cpp_function move([&copy, device](const py::object& t) -> py::object {
+      Tensor host;
+      try {
+        host = tensor_of(t, "collate", "value");
+      } catch (const Error&) {
+        return t.attr("to")(device);
+      }
+      return to_torch(copy.to_device(host));
+    });
+    return PyObj(py::module_::import("flowstate").attr("_map_tensors")(v.get(), move));
+  });
+}
+
+/// A Python map on any sample: a Python value (a Python source's) is passed as it is and
+/// replaced by what the function returns; a tensor sample is passed as sample_dict() and its
+/// fields replaced by the returned mapping's.
+SampleFn python_map_fn(PyCallable fn) {
+  return [fn](Sample& s, MapContext&) {
+    if (s.user.holds<PyObj>()) {
+      PyObj& v = s.user.get<PyObj>();
+      v = call_python(fn.who, [&] { return PyObj(fn.fn->get()(v.get())); });
+      return;
+    }
+    Fields out = call_python(fn.who, [&] {
+      py::object r = fn.fn->get()(sample_dict(s));
+      if (!py::isinstance<py::dict>(r) &&
+          !py::isinstance(r, py::module_::import("collections.abc").attr("Mapping")))
+        throw Error(fn.who + " returned " + std::string(py::str(py::type::of(r).attr("__name__"))) +
+                    " for a sample of tensor fields; return a dict field -> array");
+      Fields f;
+      for (const auto& [k, v] : py::dict(r)) {
+        const std::string field = py::str(k);
+        f.set(field, tensor_of(v, fn.who, field));
+      }
+      return f;
+    });
+    static_cast<Fields&>(s) = std::move(out);
+  };
+}
+
+/// A Python filter on any sample (the value, or sample_dict()).
+std::function<bool(const Sample&, MapContext&)> python_filter_fn(PyCallable fn) {
+  return [fn](const Sample& s, MapContext&) {
+    return call_python(fn.who, [&] {
+      py::object arg = s.user.holds<PyObj>() ? s.user.get<PyObj>().get() : sample_dict(s);
+      return py::bool_(fn.fn->get()(arg)).cast<bool>();
+    });
+  };
+}
+
+Registry python_registry(const std::shared_ptr<std::vector<PyObj>>& specs) {
+  Registry r;
+  for (const NodeSchema& s : Registry::global().nodes())
+    if (s.type != "iterable") r.add(s);
+  const ParamSchema ref{.name = "ref",
+                        .type = ParamType::kUInt,
+                        .doc = "the Python object (set by the flowstate package)",
+                        .required = true};
+  auto spec_of = [specs](const Params& p) {
+    const auto i = p.uint("ref");
+    if (i >= specs->size())
+      throw ConfigError(p.key("ref"), "no Python object " + std::to_string(i));
+    return (*specs)[i].get();
+  };
+
+  NodeSchema source{.type = "iterable",
+                    .doc = "a Python sequence or iterable",
+                    .source = true,
+                    .params = {ref},
+                    .def = &iterable_node()};
+  source.add = [spec_of](NodeContext& ctx) {
+    ctx.builder.source(python_source(spec_of(ctx.params)));
+  };
+  r.add(std::move(source));
+
+  NodeSchema map{.type = "python_map", .doc = "a Python function on each sample", .params = {ref}};
+  map.params.push_back({.name = "workers",
+                        .type = ParamType::kUInt,
+                        .doc = "parallel workers assembling batches",
+                        .min = 1,
+                        .max = 1024,
+                        .free = true});
+  map.node_name = [spec_of](const Params& p) { return attr_string(spec_of(p), "name"); };
+  map.add = [spec_of](NodeContext& ctx) {
+    py::object spec = spec_of(ctx.params);
+    const std::string name = attr_string(spec, "name");
+    if (ctx.after_batch)
+      throw ConfigError("python_map", "a Python map '" + name +
+                                          "' works on samples: put it before batch (or give the "
+                                          "source a collate function)");
+    PyCallable fn = callable_of(spec, "fn", "map '" + name + "'");
+    MapOptions options{.name = name};
+    if (ctx.params.has("workers")) options.workers = static_cast<int>(ctx.params.uint("workers"));
+    ctx.builder.map(python_map_fn(std::move(fn)), std::move(options));
+  };
+  NodeSchema filter{
+      .type = "python_filter", .doc = "a Python predicate on each sample", .params = {ref}};
+  filter.node_name = map.node_name;
+  r.add(std::move(map));
+  filter.add = [spec_of](NodeContext& ctx) {
+    py::object spec = spec_of(ctx.params);
+    const std::string name = attr_string(spec, "name");
+    PyCallable fn = callable_of(spec, "fn", "filter '" + name + "'");
+    ctx.builder.filter(python_filter_fn(std::move(fn)), {.name = name});
+  };
+  r.add(std::move(filter));
+  return r;
+}
+
+}  // namespace flowstate::python
