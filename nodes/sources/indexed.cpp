@@ -209,4 +209,9 @@ void IndexedSource::read(const Ref& ref, Sample& sample) const {
   sample.set(field_, std::move(t));
 }
 
+std::optional<RecordView> IndexedSource::view(const Ref& ref, FieldId field) const {
+  if (field != field_) return std::nullopt;
+  return RecordView{files_data_[ref.shard]->dtype(), record(ref)};
+}
+
 }  // namespace flowstate

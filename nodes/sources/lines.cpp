@@ -259,6 +259,11 @@ std::span<const std::byte> LinesSource::record(const Ref& ref) const {
   return line(ref.shard, starts_[ref.shard][local(ref)]);
 }
 
+std::optional<RecordView> LinesSource::view(const Ref& ref, FieldId field) const {
+  if (options_.format == LinesFormat::kJsonl || field != field_) return std::nullopt;
+  return RecordView{DType::kUInt8, record(ref)};
+}
+
 void LinesSource::read(const Ref& ref, Sample& sample) const {
   const std::uint64_t offset = starts_[ref.shard][local(ref)];
   const std::size_t k = ref.shard;
