@@ -120,9 +120,9 @@ PackNode::Document PackNode::load_document(const Ref& ref) {
   check_dtype(ref, t->dtype(), t->shape());
   const Ref one[] = {ref};
   upstream_store_->release(one);  // the tokens live on in `*t`; the store may drop its copy
-  doc.owner = *t;
-  doc.data = static_cast<const std::byte*>(doc.owner.data());
-  doc.numel = static_cast<std::uint64_t>(doc.owner.numel());
+  doc.owner = t->buffer();
+  doc.data = static_cast<const std::byte*>(t->data());
+  doc.numel = static_cast<std::uint64_t>(t->numel());
   return doc;
 }
 
@@ -164,9 +164,10 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     }
     row.dtype = *dtype_;  // a row starts with tokens, so a document was seen
     const Ref ref{source_id_, static_cast<std::uint32_t>(state_.epoch), state_.rows++};
+    auto shared = std::make_shared<const Row>(std::move(row));
     {
       std::lock_guard lock(mu_);
-      rows_.insert_or_assign(std::pair{ref.shard, ref.index}, std::move(row));
+      rows_.insert_or_assign(std::pair{ref.shard, ref.index}, std::move(shared));
     }
     out[n++] = ref;
   }
@@ -177,7 +178,7 @@ std::span<const std::byte> PackNode::record(const Ref&) const {
   throw Error("pack '" + name() + "' rows have no stored bytes; read them");
 }
 
-PackNode::Row PackNode::find_row(const Ref& ref) const {
+std::shared_ptr<const PackNode::Row> PackNode::find_row(const Ref& ref) const {
   std::lock_guard lock(mu_);
   auto it = rows_.find({ref.shard, ref.index});
   if (it == rows_.end())
@@ -218,7 +219,8 @@ void PackNode::fill(const Row& row, std::byte* dst, std::int32_t* ids) const {
 }
 
 void PackNode::read(const Ref& ref, Sample& sample) const {
-  const Row row = find_row(ref);
+  const std::shared_ptr<const Row> found = find_row(ref);
+  const Row& row = *found;
   const auto length = static_cast<std::int64_t>(options_.length);
   Tensor out(row.dtype, Shape{length});
   Tensor ids;
@@ -232,10 +234,10 @@ void PackNode::read(const Ref& ref, Sample& sample) const {
 
 bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& fields) const {
   if (refs.empty()) return false;
-  std::vector<Row> rows;
+  std::vector<std::shared_ptr<const Row>> rows;
   rows.reserve(refs.size());
   for (const Ref& r : refs) rows.push_back(find_row(r.record()));
-  const DType d = rows.front().dtype;
+  const DType d = rows.front()->dtype;
   const std::size_t row_bytes = options_.length * dtype_size(d);
   auto buffer = pool.acquire(row_bytes * rows.size());
   auto* dst = static_cast<std::byte*>(buffer->data());
@@ -257,10 +259,10 @@ bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& field
       for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
     }
   };
-  if (!rows.empty()) prefetch(rows.front());
+  prefetch(*rows.front());
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    if (i + 1 < rows.size()) prefetch(rows[i + 1]);
-    fill(rows[i], dst + i * row_bytes, ids != nullptr ? ids + i * options_.length : nullptr);
+    if (i + 1 < rows.size()) prefetch(*rows[i + 1]);
+    fill(*rows[i], dst + i * row_bytes, ids != nullptr ? ids + i * options_.length : nullptr);
   }
   const Shape shape{static_cast<std::int64_t>(rows.size()),
                     static_cast<std::int64_t>(options_.length)};

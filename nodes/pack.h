@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -114,9 +115,10 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
 
  private:
   /// A document's tokens: `numel` elements at `data`, which lie in the upstream store's memory
-  /// (a view) or in `owner` (read in the spine).
+  /// (a view) or in `owner`, the buffer of the tensor read in the spine (a pointer, not a
+  /// Tensor: pieces are copied per row, and a Tensor is ~100 bytes).
   struct Document {
-    Tensor owner;
+    std::shared_ptr<const Buffer> owner;
     const std::byte* data = nullptr;
     std::uint64_t numel = 0;
   };
@@ -139,8 +141,8 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   std::uint64_t extent(const Document& doc) const {
     return doc.numel + (options_.separator >= 0 ? 1 : 0);
   }
-  /// The planned row `ref` (a copy: the spine may add rows meanwhile); throws when unknown.
-  Row find_row(const Ref& ref) const;
+  /// The planned row `ref` (shared: the spine may add rows meanwhile); throws when unknown.
+  std::shared_ptr<const Row> find_row(const Ref& ref) const;
   /// Writes `row`'s tokens to `dst` (length elements) and, when set, its document ids.
   void fill(const Row& row, std::byte* dst, std::int32_t* ids) const;
 
@@ -156,7 +158,7 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   bool upstream_done_ = false;  ///< the upstream's epoch has ended
   // Rows planned and not yet released, by (epoch, row index) (read by parallel workers).
   mutable std::mutex mu_;
-  mutable std::map<std::pair<std::uint32_t, std::uint64_t>, Row> rows_;
+  mutable std::map<std::pair<std::uint32_t, std::uint64_t>, std::shared_ptr<const Row>> rows_;
 };
 
 }  // namespace flowstate
