@@ -279,7 +279,7 @@ std::optional<RecordView> LinesSource::view(const Ref& ref, FieldId field) const
 void LinesSource::read(const Ref& ref, Sample& sample) const {
   const std::uint64_t offset = starts_[ref.shard][local(ref)];
   const std::size_t k = ref.shard;
-  const std::span<const std::byte> bytes = line(k, offset);
+  const std::span<const std::byte> bytes = record(ref);
   sample.ref = ref;
   if (options_.format == LinesFormat::kJsonl)
     read_json(k, offset, bytes, sample);
