@@ -67,14 +67,14 @@ TEST(FilterLengthRule, IsDecidedFromViewsWithoutReadingAndResumesExactly) {
         std::move(o));
     return b.batch({.size = 4, .collate = CollateMode::kRagged}).build();
   };
-  std::vector<std::uint64_t> lengths, read_lengths;  // batch digests
+  std::vector<std::uint64_t> viewed_digests, read_digests;
   Loader viewed(make(false), {.epochs = 1});
   Loader read(make(true), {.epochs = 1});
   for (auto* l : {&viewed, &read})
     while (auto b = l->next())
-      (l == &viewed ? lengths : read_lengths).push_back(b->digest());
-  EXPECT_EQ(lengths, read_lengths);
-  EXPECT_EQ(lengths.size(), 10u);  // 40 of 90 lines have 3 to 6 bytes
+      (l == &viewed ? viewed_digests : read_digests).push_back(b->digest());
+  EXPECT_EQ(viewed_digests, read_digests);
+  EXPECT_EQ(viewed_digests.size(), 10u);  // 40 of 90 lines have 3 to 6 bytes
   testing::expect_save_restore([&] { return make(false); }, {.epochs = 2, .workers = 1},
                                {.epochs = 2, .workers = 2});
 }
