@@ -8,10 +8,14 @@
 #
 #   bench/compare.sh                 # install what is missing, build, generate, measure
 #   bench/compare.sh --rounds 3 --no-install --out /tmp/w1.jsonl
+#   bench/compare.sh --w2-only --no-install     # W2 alone (bench/w2_compare.sh)
 #
+# After W1 it runs W2 (LLM token packing; bench/w2_compare.sh: Megatron-style Python packer,
+# single-thread ceiling, flowstate 1 and 2 workers) unless --no-w2.
 # Options: --rounds N (5)  --data DIR (/tmp/flowstate-w1, reused when present)
 #          --build DIR (build/bench)  --out FILE (raw JSON lines; default under the build dir)
 #          --no-install  --no-build  --only-summary FILE (re-print a previous run's summary)
+#          --no-w2  --w2-only
 # Takes about 5 minutes on 2 cores once built (the first build of LibTorch's side adds ~2).
 set -euo pipefail
 
@@ -23,6 +27,8 @@ out=""
 install=1
 do_build=1
 summary_only=""
+w2=1
+w2_only=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
@@ -32,7 +38,9 @@ while [[ $# -gt 0 ]]; do
     --no-install) install=0; shift ;;
     --no-build) do_build=0; shift ;;
     --only-summary) summary_only=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --no-w2) w2=0; shift ;;
+    --w2-only) w2_only=1; shift ;;
+    -h|--help) sed -n '2,22p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "compare.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -50,7 +58,18 @@ if [[ $do_build == 1 ]]; then
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFLOWSTATE_WITH_CUDA=OFF \
       -DFLOWSTATE_BUILD_EXAMPLES=OFF >&2
   fi
-  cmake --build "$build" -j2 --target w1_flowstate libtorch_loader flowstate_python >&2
+  w2_targets=""
+  [[ $w2 == 1 ]] && w2_targets="flowstate w2_flowstate w2_ceiling"
+  if [[ $w2_only == 1 ]]; then
+    # shellcheck disable=SC2086
+    cmake --build "$build" -j2 --target $w2_targets >&2
+  else
+    # shellcheck disable=SC2086
+    cmake --build "$build" -j2 --target w1_flowstate libtorch_loader flowstate_python $w2_targets >&2
+  fi
+fi
+if [[ $w2_only == 1 ]]; then
+  exec "$root/bench/w2_compare.sh" --build "$build" --rounds "$rounds"
 fi
 fs="$build/bench/w1_flowstate"
 lt="$build/bench/libtorch_loader"
@@ -120,3 +139,7 @@ record 1 "$fs" --data "$data" rss --workers 2 --epochs 5
 echo "{\"round\": 0, \"what\": \"machine_after\", \"load_after\": \"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$out"
 echo "raw results: $out" >&2
 summarize "$out"
+if [[ $w2 == 1 ]]; then
+  echo "W2: LLM token packing (bench/w2_compare.sh)" >&2
+  "$root/bench/w2_compare.sh" --build "$build" --rounds "$rounds"
+fi

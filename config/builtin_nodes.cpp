@@ -112,6 +112,7 @@ NodeSchema filter_schema() {
     const double hi = p.has("max") ? p.real("max") : HUGE_VAL;
     const FieldId id = field_id(field);
     const bool length = fn == "length";
+    if (length) o.by_length = LengthRule{.field = id, .min = lo, .max = hi};
     ctx.builder.filter(
         [=](const Sample& s, MapContext&) {
           const Tensor* t = s.find(id);

@@ -14,8 +14,14 @@ const NodeDef& filter_node() {
        .phase = Phase::kPerSample,
        .doc = "drops samples a predicate rejects; batches stay full and resume stays exact"},
       [](BuildContext& ctx, const FilterOptions& o) {
-        ctx.add(std::make_unique<FilterNode>(ctx.name(), o.fn, ctx.key(), ctx.reader(), ctx.store(),
-                                             ctx.parallel_for()));
+        const SampleReader* reader = ctx.reader();
+        // Without maps before it, the filter sees the store's records: a view is the sample.
+        const auto* mapped = dynamic_cast<const MappedReader*>(reader);
+        const bool direct =
+            mapped != nullptr && !mapped->has_maps() && mapped->store() == ctx.store();
+        ctx.add(std::make_unique<FilterNode>(ctx.name(), o.fn, ctx.key(), reader, ctx.store(),
+                                             ctx.parallel_for(),
+                                             direct ? o.by_length : std::nullopt));
       },
       inspect_fields<FilterState>);
   return def;
@@ -28,13 +34,15 @@ NodeDescription FilterOptions::describe() const {
 }
 
 FilterNode::FilterNode(std::string name, FilterFn fn, std::uint64_t key, const SampleReader* reader,
-                       const RecordStore* store, ParallelFor parallel)
+                       const RecordStore* store, ParallelFor parallel,
+                       std::optional<LengthRule> by_length)
     : StatefulSpineNode(std::move(name)),
       fn_(std::move(fn)),
       parallel_(std::move(parallel)),
       key_(key),
       reader_(reader),
-      store_(store) {
+      store_(store),
+      by_length_(by_length) {
   if (!fn_) throw ConfigError(this->name(), "filter needs a predicate");
 }
 
@@ -58,6 +66,13 @@ std::size_t FilterNode::pull(std::span<Ref> out) {
     const std::size_t got = upstream_->pull(chunk_);
     keep_.assign(got, 0);
     auto decide = [&](std::size_t i) {
+      if (by_length_) {
+        if (auto v = store_->view(chunk_[i], by_length_->field)) {
+          const auto n = static_cast<double>(v->bytes.size() / dtype_size(v->dtype));
+          keep_[i] = n >= by_length_->min && n <= by_length_->max ? 1 : 0;
+          return;
+        }
+      }
       Sample s;
       try {
         reader_->read(chunk_[i], state_.epoch, s);
@@ -72,7 +87,10 @@ std::size_t FilterNode::pull(std::span<Ref> out) {
         rethrow_with_node(std::current_exception(), name());
       }
     };
-    if (got < 16 || !parallel_) {
+    // Lengths from views cost a few loads each: not worth a parallel loop.
+    const bool cheap =
+        by_length_ && got > 0 && store_->view(chunk_[0], by_length_->field).has_value();
+    if (got < 16 || !parallel_ || cheap) {
       for (std::size_t i = 0; i < got; ++i) decide(i);
     } else {
       parallel_(got, decide);

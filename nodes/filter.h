@@ -6,7 +6,10 @@
 //
 // The predicate sees the sample as the pipeline has it at the filter's position (the
 // record with every earlier per-sample map applied), evaluated in parallel over the chunk it
-// pulls. Its generator is keyed like a map's, so a random predicate is reproducible.
+// pulls. Its generator is keyed like a map's, so a random predicate is reproducible. A
+// predicate on a field's length alone (`by_length`, YAML's `fn: length`) is decided from the
+// store's view of the record (RecordView, from an index) without reading it, where no map
+// comes before the filter and the store has one.
 //
 //   builder.filter([](const Sample& s, MapContext&) { return s.at("len").values<int64_t>()[0] > 8;
 //   },
@@ -14,6 +17,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +31,13 @@ namespace flowstate {
 /// generator).
 using FilterFn = std::function<bool(const Sample&, MapContext&)>;
 
+/// A predicate that keeps a sample when the first dimension of its 1-D field `field` lies in
+/// [min, max]: the filter may decide it from RecordStore::view, without reading the record.
+struct LengthRule {
+  FieldId field = 0;
+  double min = 0, max = 0;
+};
+
 /// Options of the `filter` node.
 struct FilterOptions {
   /// Names the predicate in errors and in the fingerprint (a C++ callable cannot be hashed).
@@ -35,6 +46,9 @@ struct FilterOptions {
   std::vector<DescribedParam> params;
   /// The predicate (the builder's filter(fn, options) sets it).
   FilterFn fn;
+  /// Set when `fn` is exactly this length rule (it must agree with `fn`, which still decides
+  /// records the store cannot view).
+  std::optional<LengthRule> by_length;
 
   static constexpr auto table() {
     return std::tuple{param("fn", &FilterOptions::name,
@@ -72,7 +86,8 @@ class FilterNode final : public StatefulSpineNode<FilterState> {
   /// `reader` reads a Ref as the predicate sees it; `store` gets the dropped Refs back;
   /// `key` keys the predicate's generator; `parallel` evaluates a chunk's predicates.
   FilterNode(std::string name, FilterFn fn, std::uint64_t key, const SampleReader* reader,
-             const RecordStore* store, ParallelFor parallel);
+             const RecordStore* store, ParallelFor parallel,
+             std::optional<LengthRule> by_length = std::nullopt);
 
   std::uint64_t size(std::uint64_t epoch) const override;
   void start_epoch(std::uint64_t epoch) override;
@@ -84,6 +99,7 @@ class FilterNode final : public StatefulSpineNode<FilterState> {
   std::uint64_t key_;
   const SampleReader* reader_;
   const RecordStore* store_;
+  std::optional<LengthRule> by_length_;  ///< only where the reader has no maps
   std::vector<Ref> chunk_;
   std::vector<Ref> dropped_;
   std::vector<char> keep_;

@@ -6,6 +6,7 @@
 #include <cereal/types/string.hpp>
 
 #include "flowstate/core/rng.h"
+#include "flowstate/nodes/batch.h"
 
 namespace flowstate {
 
@@ -112,6 +113,10 @@ MixNode::MixNode(std::string name, MixOptions options, std::uint64_t key,
       inputs_(std::move(inputs)) {
   state_.resize(inputs_.size());
   state_.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
+  for (const MixInput& in : inputs_) {
+    const auto* mapped = dynamic_cast<const MappedReader*>(in.reader.get());
+    viewable_.push_back(mapped != nullptr && !mapped->has_maps() && mapped->store() == in.store);
+  }
 }
 
 void MixNode::connect(SpineNode* upstream) {
@@ -261,6 +266,12 @@ bool MixNode::rereadable() const {
   for (const auto& in : inputs_)
     if (!in.store->rereadable()) return false;
   return true;
+}
+
+std::optional<RecordView> MixNode::view(const Ref& ref, FieldId field) const {
+  const MixInput& in = input_of(ref);
+  if (viewable_[ref.source] == 0) return std::nullopt;
+  return in.store->view(ref, field);
 }
 
 void MixNode::release(std::span<const Ref> refs) const {

@@ -126,6 +126,8 @@ class MixNode final : public SpineNode, public RecordStore {
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return 0; }
   void release(std::span<const Ref> refs) const override;
+  /// The input store's view, for inputs without maps (what pack and filter see is the record).
+  std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
   bool rereadable() const override;
 
   const MixState& state() const { return state_; }
@@ -140,6 +142,7 @@ class MixNode final : public SpineNode, public RecordStore {
   MixOptions options_;
   std::uint64_t key_;
   std::vector<MixInput> inputs_;
+  std::vector<char> viewable_;  ///< per input: no maps, so its store's views are its samples
   MixState state_;
 };
 

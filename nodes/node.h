@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -93,6 +94,15 @@ class StatefulSpineNode : public SpineNode {
   State state_{};
 };
 
+class BufferPool;
+
+/// A record's 1-D field as it lies in the store's memory (a mapped file): `bytes` hold
+/// bytes.size() / dtype_size(dtype) elements and stay valid while the store lives.
+struct RecordView {
+  DType dtype = DType::kUInt8;
+  std::span<const std::byte> bytes;
+};
+
 /// Random-access reading of a source's records. Thread-safe: called from parallel workers.
 class RecordStore {
  public:
@@ -113,6 +123,20 @@ class RecordStore {
   /// True when any Ref can be read again later (files, ranges addressed by index); false
   /// when release() drops the only copy of a value (generators, pack rows).
   virtual bool rereadable() const { return true; }
+  /// The 1-D field `field` of `ref`'s record where it lies in memory, in O(1) and without
+  /// reading or copying it; nullopt when the store has no such view of that field (read()
+  /// it). What pack and filter use to learn a document's length without reading it.
+  virtual std::optional<RecordView> view(const Ref& /*ref*/, FieldId /*field*/) const {
+    return std::nullopt;
+  }
+  /// Writes the records of `refs` (Ref::record() of each) stacked into `fields`, with buffers
+  /// from `pool`, exactly as reading each and stacking them would; false (and `fields`
+  /// untouched) when the store has no such path. The assembler's one-copy path for stores
+  /// whose records are assembled from pieces (pack's rows). Thread-safe.
+  virtual bool gather(std::span<const Ref> /*refs*/, BufferPool& /*pool*/,
+                      Fields& /*fields*/) const {
+    return false;
+  }
 };
 
 /// Reads a Ref as the pipeline sees it at a node's position: the source's record with every

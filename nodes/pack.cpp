@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "flowstate/core/buffer.h"
+#include "flowstate/nodes/batch.h"
+
 namespace flowstate {
 
 void PackOptions::validate() const {
@@ -15,8 +18,13 @@ const NodeDef& pack_node() {
        .phase = Phase::kPerSample,
        .doc = "concatenates token sequences and cuts rows of exactly `length` tokens"},
       [](BuildContext& ctx, const PackOptions& o) {
+        const SampleReader* reader = ctx.reader();
+        // No map between the store and pack: documents can be planned from store views.
+        const auto* mapped = dynamic_cast<const MappedReader*>(reader);
+        const bool direct =
+            mapped != nullptr && !mapped->has_maps() && mapped->store() == ctx.store();
         auto pack =
-            std::make_unique<PackNode>(ctx.name(), o, ctx.reader(), ctx.store(), ctx.source_id());
+            std::make_unique<PackNode>(ctx.name(), o, reader, ctx.store(), ctx.source_id(), direct);
         const RecordStore* store = pack.get();
         ctx.add_store(std::move(pack), store);
       },
@@ -36,13 +44,15 @@ const NodeDef& pack_node() {
 }
 
 PackNode::PackNode(std::string name, PackOptions options, const SampleReader* reader,
-                   const RecordStore* upstream_store, std::uint32_t source_id)
+                   const RecordStore* upstream_store, std::uint32_t source_id, bool direct)
     : StatefulSpineNode(std::move(name)),
       options_(std::move(options)),
       reader_(reader),
       upstream_store_(upstream_store),
       source_id_(source_id),
-      field_(field_id(options_.field)) {
+      direct_(direct),
+      field_(field_id(options_.field)),
+      ids_field_(field_id(options_.field + "_doc_ids")) {
   if (options_.length == 0)
     throw ConfigError(this->name() + ".length", "pack length must be greater than zero");
   if (!upstream_store_->rereadable())
@@ -59,21 +69,47 @@ std::uint64_t PackNode::size(std::uint64_t epoch) const {
 void PackNode::start_epoch(std::uint64_t epoch) {
   upstream_->start_epoch(epoch);
   state_ = PackState{.epoch = epoch};
-  carry_tokens_ = Tensor();
+  carry_doc_ = Document();
   upstream_done_ = false;
 }
 
 void PackNode::on_restored() {
   upstream_done_ = false;
-  carry_tokens_ = state_.has_carry ? read_document(state_.carry) : Tensor();
-  if (state_.has_carry && state_.carry_at >= extent(carry_tokens_))
+  carry_doc_ = state_.has_carry ? load_document(state_.carry) : Document();
+  if (state_.has_carry && state_.carry_at >= extent(carry_doc_))
     throw CheckpointError("state", "pack '" + name() + "' resumes " +
                                        std::to_string(state_.carry_at) + " tokens into document " +
                                        state_.carry.to_string() + ", which has only " +
-                                       std::to_string(extent(carry_tokens_)));
+                                       std::to_string(extent(carry_doc_)));
 }
 
-Tensor PackNode::read_document(const Ref& ref) {
+void PackNode::check_dtype(const Ref& ref, DType d, const Shape& shape) {
+  const bool integer = d != DType::kFloat32 && d != DType::kFloat64 && d != DType::kBool;
+  if (shape.rank() != 1 || !integer)
+    throw DataError("", DataError::kNoOffset,
+                    "pack '" + name() + "': field '" + options_.field + "' of record " +
+                        ref.to_string() + " is " + std::string(dtype_name(d)) + shape.to_string() +
+                        "; pack needs 1-D integer tokens");
+  if (dtype_ && *dtype_ != d)
+    throw DataError("", DataError::kNoOffset,
+                    "pack '" + name() + "': field '" + options_.field + "' of record " +
+                        ref.to_string() + " is " + std::string(dtype_name(d)) +
+                        ", earlier documents are " + std::string(dtype_name(*dtype_)));
+  dtype_ = d;  // the spine's alone: rows carry their tokens' dtype to the workers
+}
+
+PackNode::Document PackNode::load_document(const Ref& ref) {
+  Document doc;
+  std::optional<RecordView> view;
+  if (direct_) view = upstream_store_->view(ref, field_);
+  if (view) {
+    // Only the length is needed now; the workers copy the tokens from where they lie.
+    const std::size_t es = dtype_size(view->dtype);
+    doc.numel = view->bytes.size() / es;
+    check_dtype(ref, view->dtype, Shape{static_cast<std::int64_t>(doc.numel)});
+    doc.data = view->bytes.data();
+    return doc;  // a view stays valid while the store lives: nothing to release
+  }
   Sample s;
   reader_->read(ref, state_.epoch, s);
   const Tensor* t = s.find(field_);
@@ -81,28 +117,19 @@ Tensor PackNode::read_document(const Ref& ref) {
     throw DataError("", DataError::kNoOffset,
                     "pack '" + name() + "': record " + ref.to_string() + " has no field '" +
                         options_.field + "'");
-  const DType d = t->dtype();
-  const bool integer = d != DType::kFloat32 && d != DType::kFloat64 && d != DType::kBool;
-  if (t->shape().rank() != 1 || !integer)
-    throw DataError("", DataError::kNoOffset,
-                    "pack '" + name() + "': field '" + options_.field + "' of record " +
-                        ref.to_string() + " is " + std::string(dtype_name(d)) +
-                        t->shape().to_string() + "; pack needs 1-D integer tokens");
-  if (dtype_ && *dtype_ != d)
-    throw DataError("", DataError::kNoOffset,
-                    "pack '" + name() + "': field '" + options_.field + "' of record " +
-                        ref.to_string() + " is " + std::string(dtype_name(d)) +
-                        ", earlier documents are " + std::string(dtype_name(*dtype_)));
-  dtype_ = d;  // the spine's alone: rows carry their tokens' dtype to the workers
+  check_dtype(ref, t->dtype(), t->shape());
   const Ref one[] = {ref};
   upstream_store_->release(one);  // the tokens live on in `*t`; the store may drop its copy
-  return *t;
+  doc.owner = t->buffer();
+  doc.data = static_cast<const std::byte*>(t->data());
+  doc.numel = static_cast<std::uint64_t>(t->numel());
+  return doc;
 }
 
 std::size_t PackNode::pull(std::span<Ref> out) {
   std::size_t n = 0;
   while (n < out.size()) {
-    std::vector<Segment> row;
+    Row row;
     std::uint64_t need = options_.length;
     while (need > 0) {
       if (!state_.has_carry) {
@@ -112,33 +139,35 @@ std::size_t PackNode::pull(std::span<Ref> out) {
           upstream_done_ = true;
           break;
         }
-        carry_tokens_ = read_document(next);
+        carry_doc_ = load_document(next);
         ++state_.documents;
         state_.carry = next;
         state_.carry_at = 0;
-        state_.has_carry = extent(carry_tokens_) > 0;
+        state_.has_carry = extent(carry_doc_) > 0;
         continue;
       }
-      const std::uint64_t take = std::min(need, extent(carry_tokens_) - state_.carry_at);
-      row.push_back({carry_tokens_, state_.carry_at, state_.carry_at + take});
+      const std::uint64_t take = std::min(need, extent(carry_doc_) - state_.carry_at);
+      row.segments.push_back({carry_doc_, state_.carry_at, state_.carry_at + take});
       state_.carry_at += take;
       need -= take;
-      if (state_.carry_at == extent(carry_tokens_)) {
+      if (state_.carry_at == extent(carry_doc_)) {
         state_.has_carry = false;
         state_.carry_at = 0;
         state_.carry = Ref{};
-        carry_tokens_ = Tensor();
+        carry_doc_ = Document();
       }
     }
     if (need == options_.length) break;  // nothing left in this epoch
     if (need > 0) {
       if (options_.drop_remainder) break;
-      row.push_back({Tensor(), 0, need});
+      row.segments.push_back({Document(), 0, need, true});
     }
+    row.dtype = *dtype_;  // a row starts with tokens, so a document was seen
     const Ref ref{source_id_, static_cast<std::uint32_t>(state_.epoch), state_.rows++};
+    auto shared = std::make_shared<const Row>(std::move(row));
     {
       std::lock_guard lock(mu_);
-      rows_[{ref.shard, ref.index}] = std::move(row);
+      rows_.insert_or_assign(std::pair{ref.shard, ref.index}, std::move(shared));
     }
     out[n++] = ref;
   }
@@ -149,20 +178,17 @@ std::span<const std::byte> PackNode::record(const Ref&) const {
   throw Error("pack '" + name() + "' rows have no stored bytes; read them");
 }
 
-void PackNode::read(const Ref& ref, Sample& sample) const {
-  std::vector<Segment> row;
-  {
-    std::lock_guard lock(mu_);
-    auto it = rows_.find({ref.shard, ref.index});
-    if (it == rows_.end())
-      throw Error("pack '" + name() + "': row " + std::to_string(ref.index) + " of epoch " +
-                  std::to_string(ref.shard) + " is not in flight");
-    row = it->second;
-  }
-  // A row starts with tokens (padding only ever follows them), which give its dtype.
-  const DType d = row.front().tokens.dtype();
-  Tensor out(d, Shape{static_cast<std::int64_t>(options_.length)});
-  auto* dst = static_cast<std::byte*>(out.data());
+std::shared_ptr<const PackNode::Row> PackNode::find_row(const Ref& ref) const {
+  std::lock_guard lock(mu_);
+  auto it = rows_.find({ref.shard, ref.index});
+  if (it == rows_.end())
+    throw Error("pack '" + name() + "': row " + std::to_string(ref.index) + " of epoch " +
+                std::to_string(ref.shard) + " is not in flight");
+  return it->second;
+}
+
+void PackNode::fill(const Row& row, std::byte* dst, std::int32_t* ids) const {
+  const DType d = row.dtype;
   const std::size_t es = dtype_size(d);
   auto put = [&](std::size_t at, std::uint64_t count, std::int64_t value) {
     visit_dtype(d, [&]<class T>() {
@@ -171,26 +197,78 @@ void PackNode::read(const Ref& ref, Sample& sample) const {
     });
   };
   std::size_t at = 0;
-  for (const Segment& seg : row) {
-    if (!seg.tokens.defined()) {
-      put(at, seg.end - seg.begin, options_.pad);
-      at += seg.end - seg.begin;
+  std::int32_t doc = 0;
+  for (const Segment& seg : row.segments) {
+    const std::uint64_t count = seg.end - seg.begin;
+    if (ids != nullptr) std::fill_n(ids + at, count, seg.pad ? -1 : doc++);
+    if (seg.pad) {
+      put(at, count, options_.pad);
+      at += count;
       continue;
     }
-    const auto numel = static_cast<std::uint64_t>(seg.tokens.numel());
-    const std::uint64_t body_end = std::min(seg.end, numel);
+    const std::uint64_t body_end = std::min(seg.end, seg.doc.numel);
     if (body_end > seg.begin) {
-      std::memcpy(dst + at * es, static_cast<const std::byte*>(seg.tokens.data()) + seg.begin * es,
-                  (body_end - seg.begin) * es);
+      std::memcpy(dst + at * es, seg.doc.data + seg.begin * es, (body_end - seg.begin) * es);
       at += body_end - seg.begin;
     }
-    if (seg.end > numel) {  // the separator closes this document
+    if (seg.end > seg.doc.numel) {  // the separator closes this document
       put(at, 1, options_.separator);
       at += 1;
     }
   }
+}
+
+void PackNode::read(const Ref& ref, Sample& sample) const {
+  const std::shared_ptr<const Row> found = find_row(ref);
+  const Row& row = *found;
+  const auto length = static_cast<std::int64_t>(options_.length);
+  Tensor out(row.dtype, Shape{length});
+  Tensor ids;
+  if (options_.doc_ids) ids = Tensor(DType::kInt32, Shape{length});
+  fill(row, static_cast<std::byte*>(out.data()),
+       options_.doc_ids ? static_cast<std::int32_t*>(ids.data()) : nullptr);
   sample.ref = ref;
   sample.set(field_, std::move(out));
+  if (options_.doc_ids) sample.set(ids_field_, std::move(ids));
+}
+
+bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& fields) const {
+  if (refs.empty()) return false;
+  std::vector<std::shared_ptr<const Row>> rows;
+  rows.reserve(refs.size());
+  for (const Ref& r : refs) rows.push_back(find_row(r.record()));
+  const DType d = rows.front()->dtype;
+  const std::size_t row_bytes = options_.length * dtype_size(d);
+  auto buffer = pool.acquire(row_bytes * rows.size());
+  auto* dst = static_cast<std::byte*>(buffer->data());
+  std::shared_ptr<Buffer> id_buffer;
+  std::int32_t* ids = nullptr;
+  if (options_.doc_ids) {
+    id_buffer = pool.acquire(options_.length * sizeof(std::int32_t) * rows.size());
+    ids = static_cast<std::int32_t*>(id_buffer->data());
+  }
+  // The pieces lie at random places of the mapped file: asking for the next row's while this
+  // one is copied keeps the misses in flight (the hardware prefetcher starts only within a piece).
+  auto prefetch = [&](const Row& row) {
+    const std::size_t es = dtype_size(row.dtype);
+    for (const Segment& seg : row.segments) {
+      if (seg.pad || seg.doc.data == nullptr) continue;
+      const std::byte* p = seg.doc.data + seg.begin * es;
+      const std::size_t bytes =
+          (std::min(seg.end, seg.doc.numel) - std::min(seg.begin, seg.doc.numel)) * es;
+      for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+    }
+  };
+  prefetch(*rows.front());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (i + 1 < rows.size()) prefetch(*rows[i + 1]);
+    fill(*rows[i], dst + i * row_bytes, ids != nullptr ? ids + i * options_.length : nullptr);
+  }
+  const Shape shape{static_cast<std::int64_t>(rows.size()),
+                    static_cast<std::int64_t>(options_.length)};
+  fields.set(field_, Tensor(std::move(buffer), 0, d, shape));
+  if (ids != nullptr) fields.set(ids_field_, Tensor(std::move(id_buffer), 0, DType::kInt32, shape));
+  return true;
 }
 
 void PackNode::release(std::span<const Ref> refs) const {

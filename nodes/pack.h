@@ -1,24 +1,35 @@
 // `pack`: concatenates token sequences — each followed by a separator token when one is set —
 // and cuts the stream into rows of exactly `length` tokens, the layout of LLM pre-training.
 // A document longer than a row spans several rows; a row usually holds the tail of one
-// document and the heads of the next.
+// document and the heads of the next. Rows keep the documents' dtype (any integer type).
 //
-// The node reads each upstream sample once, in the spine, to learn its tokens; the rows it
-// plans hold shared views of those tokens until the batch that contains them is assembled.
+// The spine only plans rows: each row is a list of pieces (document, begin, end). Planning
+// needs a document's length only; where the upstream store can show a document where it lies
+// in memory (RecordStore::view: the `indexed` source, from its index, O(1)) and no map comes
+// between it and pack, the spine reads no token at all, and the parallel workers copy each
+// piece once, straight from the mapped file into the batch buffer (RecordStore::gather).
+// Otherwise the spine reads each document once (through the maps before pack) and the rows
+// hold shared views of those tokens until the batch that contains them is assembled.
+//
 // Its state is stamped by reference: the epoch, the rows emitted, and the carry-over — the
 // Ref of the document the next row starts in and how far into it — never tokens. A restore
-// re-reads that one document. So the upstream's store must be able to read a Ref again (file
-// sources, indexed ranges and mix of them can; a generator cannot: that is a ConfigError
-// when the pipeline starts).
+// looks at that one document again. So the upstream's store must be able to read a Ref again
+// (file sources, indexed ranges and mix of them can; a generator cannot: that is a
+// ConfigError when the pipeline starts).
 //
 // At the end of an epoch the tokens left over (less than a row) are dropped, or padded to a
-// full row with `pad` when `drop_remainder` is false.
+// full row with `pad` when `drop_remainder` is false. With `doc_ids`, every row also gets
+// `<field>_doc_ids`: int32 [length], the index of the document each token belongs to within
+// the row (0 for the piece the row starts with, +1 at every document start; a separator
+// belongs to the document it closes; padding is -1) — what an attention mask that does not
+// cross documents, position ids or flash-attention's cu_seqlens are derived from.
 //
-//   builder.pack({.length = 2048, .field = "tokens", .separator = 0});
+//   builder.pack({.length = 2048, .field = "tokens", .separator = 0, .doc_ids = true});
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -37,6 +48,7 @@ struct PackOptions {
   std::int64_t separator = -1;   ///< appended after every document; < 0: none
   bool drop_remainder = true;    ///< drop the epoch's last partial row (else pad it)
   std::int64_t pad = 0;          ///< the token padding a partial last row
+  bool doc_ids = false;          ///< add `<field>_doc_ids`: each token's document in its row
 
   static constexpr auto table() {
     using O = PackOptions;
@@ -47,6 +59,10 @@ struct PackOptions {
         param("drop_remainder", &O::drop_remainder,
               {.doc = "drop the epoch's last partial row (false: pad it)"}),
         param("pad", &O::pad, {.doc = "the token that pads a partial last row"}),
+        param("doc_ids", &O::doc_ids,
+              {.doc = "add '<field>_doc_ids', int32 per token: the index of its document in "
+                      "the row (padding: -1), for attention that does not cross documents",
+               .describe_if = [](const O& o) { return o.doc_ids; }}),
     };
   }
   /// pack needs a token field.
@@ -76,9 +92,10 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
  public:
   /// `reader` reads an upstream Ref as pack sees it (maps before pack applied); `upstream_store`
   /// gets each document's Ref back once its tokens are held. `source_id` goes into the rows'
-  /// Refs.
+  /// Refs. With `direct` (no map between the store and pack), documents the store can view()
+  /// are planned from their length and never read in the spine.
   PackNode(std::string name, PackOptions options, const SampleReader* reader,
-           const RecordStore* upstream_store, std::uint32_t source_id);
+           const RecordStore* upstream_store, std::uint32_t source_id, bool direct = false);
 
   std::uint64_t size(std::uint64_t epoch) const override;
   void start_epoch(std::uint64_t epoch) override;
@@ -90,34 +107,58 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   FieldId record_field() const override { return field_; }
   void release(std::span<const Ref> refs) const override;
   bool rereadable() const override { return false; }  ///< a row lives until released
+  /// Copies every piece of the rows once, from where it lies, into [n, length] buffers.
+  bool gather(std::span<const Ref> refs, BufferPool& pool, Fields& fields) const override;
 
  protected:
   void on_restored() override;
 
  private:
-  /// A piece of a row: tokens [begin, end) of a document, where index `tokens.numel()` is
-  /// the separator; without `tokens`, end - begin padding tokens.
-  struct Segment {
-    Tensor tokens;
-    std::uint64_t begin = 0, end = 0;
+  /// A document's tokens: `numel` elements at `data`, which lie in the upstream store's memory
+  /// (a view) or in `owner`, the buffer of the tensor read in the spine (a pointer, not a
+  /// Tensor: pieces are copied per row, and a Tensor is ~100 bytes).
+  struct Document {
+    std::shared_ptr<const Buffer> owner;
+    const std::byte* data = nullptr;
+    std::uint64_t numel = 0;
   };
-  /// Reads a document's token tensor, checking it is 1-D and of the pack's dtype.
-  Tensor read_document(const Ref& ref);
-  std::uint64_t extent(const Tensor& doc) const {
-    return static_cast<std::uint64_t>(doc.numel()) + (options_.separator >= 0 ? 1 : 0);
+  /// A piece of a row: tokens [begin, end) of `doc`, where index `doc.numel` is the
+  /// separator; with `pad`, end - begin padding tokens.
+  struct Segment {
+    Document doc;
+    std::uint64_t begin = 0, end = 0;
+    bool pad = false;
+  };
+  struct Row {
+    DType dtype = DType::kInt32;  ///< of its documents
+    std::vector<Segment> segments;
+  };
+  /// Looks at (view) or reads a document's tokens, checking they are 1-D integers of the
+  /// pack's dtype, and hands the Ref back to the upstream store.
+  Document load_document(const Ref& ref);
+  /// Throws DataError unless `d` is an integer dtype equal to the earlier documents'.
+  void check_dtype(const Ref& ref, DType d, const Shape& shape);
+  std::uint64_t extent(const Document& doc) const {
+    return doc.numel + (options_.separator >= 0 ? 1 : 0);
   }
+  /// The planned row `ref` (shared: the spine may add rows meanwhile); throws when unknown.
+  std::shared_ptr<const Row> find_row(const Ref& ref) const;
+  /// Writes `row`'s tokens to `dst` (length elements) and, when set, its document ids.
+  void fill(const Row& row, std::byte* dst, std::int32_t* ids) const;
 
   PackOptions options_;
   const SampleReader* reader_;
   const RecordStore* upstream_store_;
   std::uint32_t source_id_;
+  bool direct_;
   FieldId field_;
+  FieldId ids_field_;
   std::optional<DType> dtype_;  ///< of the first document read; every one must match
-  Tensor carry_tokens_;         ///< the tokens of state_.carry while has_carry
+  Document carry_doc_;          ///< the tokens of state_.carry while has_carry
   bool upstream_done_ = false;  ///< the upstream's epoch has ended
-  // Rows planned and not yet released, by row index (read by parallel workers).
+  // Rows planned and not yet released, by (epoch, row index) (read by parallel workers).
   mutable std::mutex mu_;
-  mutable std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<Segment>> rows_;
+  mutable std::map<std::pair<std::uint32_t, std::uint64_t>, std::shared_ptr<const Row>> rows_;
 };
 
 }  // namespace flowstate

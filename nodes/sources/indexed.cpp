@@ -155,9 +155,12 @@ std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
   const auto first = static_cast<std::uint64_t>(doc(d));
   const auto last = static_cast<std::uint64_t>(doc(d + 1));
   if (first == last) return {};
+  // Sequences lie end to end (checked at open): a document ends where the next sequence
+  // starts, or at the end of the .bin. Two neighbouring entries of two arrays: on a shuffled
+  // order that is two cache misses, not the three or four of reading the last length too.
   const auto begin = static_cast<std::uint64_t>(pointer(first));
-  const auto end = static_cast<std::uint64_t>(pointer(last - 1)) +
-                   static_cast<std::uint64_t>(length(last - 1)) * item_;
+  const std::uint64_t end =
+      last < sequences_ ? static_cast<std::uint64_t>(pointer(last)) : bin_->size();
   return {bin_->data() + begin, end - begin};
 }
 
@@ -207,6 +210,11 @@ void IndexedSource::read(const Ref& ref, Sample& sample) const {
   if (!bytes.empty()) std::memcpy(t.data(), bytes.data(), bytes.size());
   sample.ref = ref;
   sample.set(field_, std::move(t));
+}
+
+std::optional<RecordView> IndexedSource::view(const Ref& ref, FieldId field) const {
+  if (field != field_) return std::nullopt;
+  return RecordView{files_data_[ref.shard]->dtype(), record(ref)};
 }
 
 }  // namespace flowstate

@@ -11,7 +11,8 @@
 //
 // A record is a sequence (`unit: sequence`) or a document (`unit: document`, the default: its
 // sequences are contiguous in .bin), read as a 1-D tensor of the file's dtype in `field`,
-// copied from the memory-mapped .bin. O(1) random access: global and buffer shuffle, shard and
+// copied from the memory-mapped .bin; view() shows it where it lies without a copy (what pack
+// plans rows from). O(1) random access: global and buffer shuffle, shard and
 // exact resume work as for `records`. Opening checks the whole index against the .bin (O(S)
 // reads of the mapped index, no .bin bytes): an error names the file and the entry.
 //
@@ -107,6 +108,8 @@ class IndexedSource final : public FileSource {
   std::span<const std::byte> record(const Ref& ref) const override;
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
+  /// The tokens of `ref` in the mapped .bin, found from the index alone (O(1), no .bin read).
+  std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
 
  private:
   IndexedOptions options_;

@@ -256,13 +256,30 @@ std::span<const std::byte> LinesSource::line(std::size_t k, std::uint64_t begin)
 }
 
 std::span<const std::byte> LinesSource::record(const Ref& ref) const {
-  return line(ref.shard, starts_[ref.shard][local(ref)]);
+  const std::vector<std::uint64_t>& starts = starts_[ref.shard];
+  const std::uint64_t i = local(ref);
+  if (!options_.skip_empty && i + 1 < starts.size()) {
+    // Every line is a record: this one ends at the newline before the next one's start, with
+    // no scan for it (the spine asks filter's and pack's lengths of every line).
+    const MappedFile& m = *maps_[ref.shard];
+    std::uint64_t end = starts[i + 1] - 1;
+    if (end >= starts[i] && m.data()[end] == std::byte{'\n'}) {
+      if (end > starts[i] && m.data()[end - 1] == std::byte{'\r'}) --end;
+      return {m.data() + starts[i], end - starts[i]};
+    }
+  }
+  return line(ref.shard, starts[i]);
+}
+
+std::optional<RecordView> LinesSource::view(const Ref& ref, FieldId field) const {
+  if (options_.format == LinesFormat::kJsonl || field != field_) return std::nullopt;
+  return RecordView{DType::kUInt8, record(ref)};
 }
 
 void LinesSource::read(const Ref& ref, Sample& sample) const {
   const std::uint64_t offset = starts_[ref.shard][local(ref)];
   const std::size_t k = ref.shard;
-  const std::span<const std::byte> bytes = line(k, offset);
+  const std::span<const std::byte> bytes = record(ref);
   sample.ref = ref;
   if (options_.format == LinesFormat::kJsonl)
     read_json(k, offset, bytes, sample);

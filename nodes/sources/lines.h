@@ -94,6 +94,8 @@ class LinesSource final : public FileSource {
   /// Reads the line into `sample` as the format says; throws DataError (see above).
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
+  /// Plain text: the line's bytes where they lie in the mapped file (JSON Lines: none).
+  std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
 
  private:
   /// The line starting at byte `begin` of file k, without its newline or '\r'.

@@ -336,6 +336,18 @@ void TarSource::read(const Ref& ref, Sample& sample) const {
   }
 }
 
+std::optional<RecordView> TarSource::view(const Ref& ref, FieldId field) const {
+  const auto [s, members] = members_of(ref);
+  // read() sets the fields in member order: the last member of a field is the one it keeps.
+  std::optional<RecordView> v;
+  for (std::uint64_t i = members.first; i < members.second; ++i) {
+    if (s->member_fields[i] != field) continue;
+    const detail::TarMember& m = s->index.entries[i];
+    v = RecordView{DType::kUInt8, {s->map->data() + m.data, static_cast<std::size_t>(m.size)}};
+  }
+  return v;
+}
+
 std::string_view TarSource::key(const Ref& ref) const {
   const auto [s, members] = members_of(ref);
   const detail::TarMember& m = s->index.entries[members.first];

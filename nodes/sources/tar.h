@@ -107,6 +107,8 @@ class TarSource final : public FileSource {
   void read(const Ref& ref, Sample& sample) const override;
   /// Unused (record_bytes() is 0): the first of `fields`, or "data".
   FieldId record_field() const override { return record_field_; }
+  /// The bytes of the sample's member that lands in `field`, where they lie in the mapped tar.
+  std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
 
   /// The sample's key ("dir/a"), as WebDataset's `__key__`.
   std::string_view key(const Ref& ref) const;

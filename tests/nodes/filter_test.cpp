@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/sources/lines.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -37,6 +40,44 @@ class FilterTest : public ::testing::Test {
   TempDir dir_;
   std::string glob_;
 };
+
+TEST(FilterLengthRule, IsDecidedFromViewsWithoutReadingAndResumesExactly) {
+  // Line i holds i % 9 bytes: lines of 3 to 6 bytes are kept. The predicate throws, so any
+  // record it were asked about would fail the run: every decision comes from the view.
+  TempDir dir;
+  {
+    std::ofstream f(dir / "docs.txt");
+    for (int i = 0; i < 90; ++i)
+      f << std::string(static_cast<std::size_t>(i % 9), 'a' + i % 26) << "\n";
+  }
+  auto make = [&](bool map_before) {
+    Pipeline::Builder b;
+    b.seed(4)
+        .add(lines_node(), LinesOptions{.paths = {dir / "docs.txt"}, .field = "text"})
+        .shuffle({.mode = ShuffleMode::kGlobal});
+    if (map_before) b.map([](Sample&, MapContext&) {}, {.name = "identity"});
+    FilterOptions o{.name = "length"};
+    o.by_length = LengthRule{.field = field_id("text"), .min = 3, .max = 6};
+    b.filter(
+        [map_before](const Sample& s, MapContext&) {
+          if (!map_before) throw Error("read a record the view could decide");
+          const auto n = s.at("text").numel();
+          return n >= 3 && n <= 6;
+        },
+        std::move(o));
+    return b.batch({.size = 4, .collate = CollateMode::kRagged}).build();
+  };
+  std::vector<std::uint64_t> viewed_digests, read_digests;
+  Loader viewed(make(false), {.epochs = 1});
+  Loader read(make(true), {.epochs = 1});
+  for (auto* l : {&viewed, &read})
+    while (auto b = l->next())
+      (l == &viewed ? viewed_digests : read_digests).push_back(b->digest());
+  EXPECT_EQ(viewed_digests, read_digests);
+  EXPECT_EQ(viewed_digests.size(), 10u);  // 40 of 90 lines have 3 to 6 bytes
+  testing::expect_save_restore([&] { return make(false); }, {.epochs = 2, .workers = 1},
+                               {.epochs = 2, .workers = 2});
+}
 
 TEST_F(FilterTest, DropsRejectedSamplesAndKeepsBatchesFull) {
   Pipeline p = base()
