@@ -44,6 +44,8 @@ AutotuneSetting Autotuner::start_trial(Move move, AutotuneSetting next, double r
   before_ = current_;
   before_rate_ = rate;
   current_ = next;
+  intervals_ = 0;
+  rate_sum_ = 0;
   ++changes_;
   reason_ = why;
   return current_;
@@ -64,6 +66,8 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
     if (!(next == current_)) {
       trial_ = Move::kNone;
       current_ = next;
+      intervals_ = 0;
+      rate_sum_ = 0;
       ++changes_;
       reason_ = "cut to the memory budget";
       return current_;
@@ -74,10 +78,16 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
     reason_ = "too few batches to judge";
     return current_;
   }
-  const double rate = static_cast<double>(s.batches) / s.seconds;
+  ++intervals_;
+  rate_sum_ += static_cast<double>(s.batches) / s.seconds;
+  const double rate = rate_sum_ / intervals_;  // mean over the intervals at this setting
 
   // A trial is judged by the throughput it brought.
   if (trial_ != Move::kNone) {
+    if (intervals_ < std::max(1, tuning_.judge)) {
+      reason_ = "judging";
+      return current_;
+    }
     const Move move = trial_;
     trial_ = Move::kNone;
     const bool keep = move == Move::kWorkersDown ? rate >= before_rate_ * (1 - tuning_.loss)
@@ -87,6 +97,8 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
       return current_;
     }
     current_ = before_;
+    intervals_ = 0;
+    rate_sum_ = 0;
     ++changes_;
     switch (move) {
       case Move::kWorkersUp:
@@ -105,6 +117,10 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
     return current_;
   }
 
+  if (intervals_ < std::max(1, tuning_.settle)) {
+    reason_ = "settling";
+    return current_;
+  }
   const int w = current_.workers;
   if (s.consumer_wait > tuning_.wait_high) {
     // The consumer waits: the graph is short of batches.

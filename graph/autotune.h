@@ -71,6 +71,11 @@ class Autotuner {
     double loss = 0.05;             ///< a step down may lower it by at most this share
     int cooldown = 20;              ///< intervals before a failed step is tried again
     std::uint64_t min_batches = 4;  ///< intervals with fewer batches are not judged
+    /// Intervals measured at a setting before a move from it (their mean throughput is what
+    /// the move must beat), and intervals a move runs before it is judged (on their mean):
+    /// one interval's throughput on a loaded machine is too noisy to climb on.
+    int settle = 2;
+    int judge = 2;
   };
 
   Autotuner(AutotuneLimits limits, AutotuneSetting start);
@@ -95,6 +100,9 @@ class Autotuner {
   AutotuneLimits limits_;
   Tuning tuning_;
   AutotuneSetting current_;
+  // Intervals judged at the current setting (since it was set) and their summed throughput.
+  int intervals_ = 0;
+  double rate_sum_ = 0;
   // The trial in progress: its move, the setting before it and that setting's throughput.
   Move trial_ = Move::kNone;
   AutotuneSetting before_;

@@ -28,6 +28,14 @@ AutotuneSample interval(std::uint64_t batches, double busy, double wait, double 
   return s;
 }
 
+/// Decides on every interval (the Loader's tuner waits for two, see Tuning::settle, judge).
+Autotuner::Tuning step_by_step() {
+  Autotuner::Tuning t;
+  t.settle = 1;
+  t.judge = 1;
+  return t;
+}
+
 AutotuneLimits workers_only(int max_workers = 8) {
   AutotuneLimits l;
   l.workers = true;
@@ -36,7 +44,7 @@ AutotuneLimits workers_only(int max_workers = 8) {
 }
 
 TEST(Autotuner, AddsAWorkerWhileTheConsumerWaitsOnBusyWorkersAndKeepsItWhenItPays) {
-  Autotuner t(workers_only(), {2, 4});
+  Autotuner t(workers_only(), {2, 4}, step_by_step());
   EXPECT_EQ(t.update(interval(100, 0.95, 0.5)).workers, 3) << t.reason();
   EXPECT_EQ(t.update(interval(140, 0.95, 0.3)).workers, 3) << t.reason();  // +40%: kept
   EXPECT_EQ(t.update(interval(140, 0.95, 0.3)).workers, 4) << t.reason();  // still short
@@ -44,7 +52,7 @@ TEST(Autotuner, AddsAWorkerWhileTheConsumerWaitsOnBusyWorkersAndKeepsItWhenItPay
 }
 
 TEST(Autotuner, UndoesAWorkerThatDidNotPayAndDoesNotRetryAtOnce) {
-  Autotuner t(workers_only(), {2, 4});
+  Autotuner t(workers_only(), {2, 4}, step_by_step());
   EXPECT_EQ(t.update(interval(100, 0.95, 0.5)).workers, 3);
   EXPECT_EQ(t.update(interval(101, 0.95, 0.5)).workers, 2) << t.reason();  // +1%: undone
   for (int i = 0; i < 10; ++i)
@@ -53,14 +61,14 @@ TEST(Autotuner, UndoesAWorkerThatDidNotPayAndDoesNotRetryAtOnce) {
 }
 
 TEST(Autotuner, NoMoreWorkersWhenTheSpineIsTheBottleneckOrAtTheMaximum) {
-  Autotuner spine_bound(workers_only(), {2, 4});
+  Autotuner spine_bound(workers_only(), {2, 4}, step_by_step());
   EXPECT_EQ(spine_bound.update(interval(100, 0.95, 0.5, /*spine=*/0.97)).workers, 2);
-  Autotuner at_max(workers_only(2), {2, 4});
+  Autotuner at_max(workers_only(2), {2, 4}, step_by_step());
   EXPECT_EQ(at_max.update(interval(100, 0.95, 0.5)).workers, 2);
 }
 
 TEST(Autotuner, DropsIdleWorkersUnlessThatCostsThroughput) {
-  Autotuner t(workers_only(), {4, 4});
+  Autotuner t(workers_only(), {4, 4}, step_by_step());
   // The consumer never waits; 4 workers at 20%: 3 would be at 27%.
   EXPECT_EQ(t.update(interval(100, 0.2, 0.0)).workers, 3) << t.reason();
   EXPECT_EQ(t.update(interval(99, 0.27, 0.0)).workers, 3) << t.reason();  // -1%: kept
@@ -72,7 +80,7 @@ TEST(Autotuner, DeepensThePrefetchWhenTheConsumerWaitsOnIdleWorkers) {
   AutotuneLimits l;
   l.depth = true;
   l.max_depth = 64;
-  Autotuner t(l, {2, 4});
+  Autotuner t(l, {2, 4}, step_by_step());
   EXPECT_EQ(t.update(interval(100, 0.5, 0.2)).depth, 8u) << t.reason();
   EXPECT_EQ(t.update(interval(120, 0.5, 0.1)).depth, 8u) << t.reason();  // kept
   EXPECT_EQ(t.update(interval(120, 0.5, 0.1)).depth, 16u) << t.reason();
@@ -85,7 +93,7 @@ TEST(Autotuner, KeepsTheBatchesInFlightWithinTheMemoryBudget) {
   l.workers = l.depth = true;
   l.max_workers = 8;
   l.memory_budget = 10 << 20;  // ten 1 MiB batches
-  Autotuner t(l, {4, 16});
+  Autotuner t(l, {4, 16}, step_by_step());
   AutotuneSample s = interval(100, 0.95, 0.5);
   s.batch_bytes = 1 << 20;
   AutotuneSetting cut = t.update(s);
@@ -100,14 +108,27 @@ TEST(Autotuner, KeepsTheBatchesInFlightWithinTheMemoryBudget) {
   }
   // A budget under workers alone: workers go down too, to one at the least.
   Autotuner tight({.workers = true, .depth = true, .max_workers = 8, .memory_budget = 3 << 20},
-                  {4, 4});
+                  {4, 4}, step_by_step());
   const AutotuneSetting t2 = tight.update(s);
   EXPECT_EQ(t2.workers, 2);
   EXPECT_EQ(t2.depth, 1u);
 }
 
+TEST(Autotuner, ClimbsOnTheMeanOfSeveralIntervals) {
+  Autotuner t(workers_only(), {2, 4});  // the Loader's tuning: settle 2, judge 2
+  EXPECT_EQ(t.update(interval(100, 0.95, 0.5)).workers, 2) << t.reason();  // settling
+  EXPECT_EQ(t.update(interval(120, 0.95, 0.5)).workers, 3) << t.reason();  // mean 110
+  // One lucky interval is not enough: the mean of two decides (125 vs 110: +14%, kept).
+  EXPECT_EQ(t.update(interval(150, 0.95, 0.5)).workers, 3) << t.reason();
+  EXPECT_EQ(t.update(interval(100, 0.95, 0.5)).workers, 3) << t.reason();
+  EXPECT_EQ(t.update(interval(125, 0.95, 0.5)).workers, 4) << t.reason();  // next step
+  // Its two intervals average 112: less than 3% over 3 workers' 125, so it is undone.
+  EXPECT_EQ(t.update(interval(140, 0.95, 0.5)).workers, 4) << t.reason();
+  EXPECT_EQ(t.update(interval(84, 0.95, 0.5)).workers, 3) << t.reason();
+}
+
 TEST(Autotuner, JudgesNothingOnTooFewBatches) {
-  Autotuner t(workers_only(), {2, 4});
+  Autotuner t(workers_only(), {2, 4}, step_by_step());
   EXPECT_EQ(t.update(interval(2, 0.95, 0.9)).workers, 2);
   EXPECT_EQ(t.changes(), 0u);
 }
