@@ -139,6 +139,18 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
       if (next.depth > current_.depth)
         return start_trial(Move::kDepthUp, next, rate, "depth up: the consumer waits in bursts");
     }
+    // Short of batches with nothing cheaper left to try (no deeper queue, or it did not pay):
+    // a worker more, judged like any move (on a shared machine it can win CPU time).
+    if (limits_.workers && workers_up_block_ == 0 && w < limits_.max_workers &&
+        s.spine_busy < tuning_.spine_high &&
+        (!limits_.depth || depth_up_block_ > 0 ||
+         current_.depth >= std::min(limits_.max_depth, depth_cap(w, s.batch_bytes)))) {
+      AutotuneSetting next = current_;
+      ++next.workers;
+      if (limits_.depth) next.depth = std::min(next.depth, depth_cap(next.workers, s.batch_bytes));
+      if (fits(next, s.batch_bytes))
+        return start_trial(Move::kWorkersUp, next, rate, "workers up: the consumer still waits");
+    }
   } else if (s.consumer_wait < tuning_.wait_low && limits_.workers && workers_down_block_ == 0 &&
              w > 1) {
     // The graph keeps up: would one worker fewer still?

@@ -15,7 +15,7 @@
 //   - workers down: the consumer never waits and one worker fewer would still be well under
 //     full load (a step down must not lower the throughput);
 //   - depth up: the consumer waits although the workers have idle time (the batches come in
-//     bursts: a deeper queue absorbs them);
+//     bursts: a deeper queue absorbs them); and when that did not pay either, a worker more;
 //   - and always (workers + depth) × batch bytes ≤ the memory budget: batches in flight are
 //     what the setting costs in memory.
 //

@@ -60,6 +60,18 @@ TEST(Autotuner, UndoesAWorkerThatDidNotPayAndDoesNotRetryAtOnce) {
   EXPECT_EQ(t.changes(), 2u);
 }
 
+TEST(Autotuner, TriesAWorkerWhenADeeperQueueDidNotPay) {
+  AutotuneLimits l = workers_only();
+  l.depth = true;
+  Autotuner t(l, {2, 4}, step_by_step());
+  // The consumer waits on idle workers: first a deeper queue; it does not pay, so a worker.
+  EXPECT_EQ(t.update(interval(100, 0.5, 0.3)).depth, 8u) << t.reason();
+  EXPECT_EQ(t.update(interval(100, 0.5, 0.3)).depth, 4u) << t.reason();
+  const AutotuneSetting next = t.update(interval(100, 0.5, 0.3));
+  EXPECT_EQ(next.workers, 3) << t.reason();
+  EXPECT_EQ(next.depth, 4u);
+}
+
 TEST(Autotuner, NoMoreWorkersWhenTheSpineIsTheBottleneckOrAtTheMaximum) {
   Autotuner spine_bound(workers_only(), {2, 4}, step_by_step());
   EXPECT_EQ(spine_bound.update(interval(100, 0.95, 0.5, /*spine=*/0.97)).workers, 2);
