@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "flowstate/config/yaml.h"
 #include "flowstate/core/error.h"
@@ -224,6 +226,47 @@ TEST_F(AutotuneLoader, TunedRunsDeliverTheBatchesOfAFixedRun) {
     EXPECT_EQ(l.stats().workers, 3);
     EXPECT_EQ(l.stats().prefetch_depth, 2u);
   }
+}
+
+TEST_F(AutotuneLoader, TheTunedWorkerCountGatesTheAssembly) {
+  // A budget of two batches forces workers 1 and depth 1 at the first decision; from then on
+  // the assembly (this map) must never run on two threads at once.
+  std::atomic<int> active{0}, most{0};
+  std::atomic<bool> watching{false};
+  Pipeline p = Pipeline::Builder()
+                   .seed(9)
+                   .workers(static_cast<int>(kAuto))
+                   .records({.paths = {glob_}, .record_bytes = 64})
+                   .map(
+                       [&](Sample&, MapContext&) {
+                         const int now = active.fetch_add(1) + 1;
+                         if (watching.load()) {
+                           int m = most.load();
+                           while (now > m && !most.compare_exchange_weak(m, now)) {
+                           }
+                         }
+                         std::this_thread::sleep_for(std::chrono::microseconds(20));
+                         active.fetch_sub(1);
+                       },
+                       {.name = "watch"})
+                   .batch({.size = 16})
+                   .prefetch({.depth = kAuto})
+                   .build();
+  LoaderOptions o{.epochs = 1};
+  o.memory_budget = 2 * 16 * 64;
+  o.autotune_interval_s = 0.001;
+  Loader l(p, o);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(l.next());
+  EXPECT_EQ(l.stats().workers, 1);
+  EXPECT_EQ(l.stats().prefetch_depth, 1u);
+  // Batches planned before the cut may still be in the assembly: let them drain.
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(l.next());
+  watching = true;
+  std::size_t rest = 0;
+  while (l.next()) ++rest;
+  EXPECT_GT(rest, 50u);
+  EXPECT_EQ(most.load(), 1);
+  EXPECT_EQ(l.stats().workers, 1);
 }
 
 TEST_F(AutotuneLoader, CheckpointsMoveBetweenTunedAndFixedRuns) {
