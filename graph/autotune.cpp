@@ -90,8 +90,9 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
     }
     const Move move = trial_;
     trial_ = Move::kNone;
+    const double gain = move == Move::kDepthUp ? tuning_.depth_gain : tuning_.gain;
     const bool keep = move == Move::kWorkersDown ? rate >= before_rate_ * (1 - tuning_.loss)
-                                                 : rate >= before_rate_ * (1 + tuning_.gain);
+                                                 : rate >= before_rate_ * (1 + gain);
     if (keep) {
       reason_ = "kept: throughput " + std::to_string(rate / before_rate_) + "x";
       return current_;

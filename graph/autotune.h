@@ -62,12 +62,15 @@ class Autotuner {
  public:
   /// Thresholds of the decisions; the defaults are what the Loader uses.
   struct Tuning {
-    double wait_high = 0.05;        ///< consumer waits more than this share: the graph is short
-    double wait_low = 0.01;         ///< consumer waits less: the graph keeps up
-    double busy_high = 0.75;        ///< assembly busier than this: the workers are the limit
-    double spine_high = 0.85;       ///< spine busier than this: more workers cannot help
-    double down_load = 0.6;         ///< step down when one worker fewer is at most this busy
-    double gain = 0.03;             ///< a step up must raise the throughput by this share
+    double wait_high = 0.05;   ///< consumer waits more than this share: the graph is short
+    double wait_low = 0.01;    ///< consumer waits less: the graph keeps up
+    double busy_high = 0.75;   ///< assembly busier than this: the workers are the limit
+    double spine_high = 0.85;  ///< spine busier than this: more workers cannot help
+    double down_load = 0.6;    ///< step down when one worker fewer is at most this busy
+    double gain = 0.03;        ///< a step up must raise the throughput by this share
+    /// A deeper queue must raise it by this share: it costs memory (and cache: the batches in
+    /// flight leave it before the consumer reads them), so only a clear win keeps it.
+    double depth_gain = 0.10;
     double loss = 0.05;             ///< a step down may lower it by at most this share
     int cooldown = 20;              ///< intervals before a failed step is tried again
     std::uint64_t min_batches = 4;  ///< intervals with fewer batches are not judged

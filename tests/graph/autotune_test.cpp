@@ -102,6 +102,17 @@ TEST(Autotuner, DeepensThePrefetchWhenTheConsumerWaitsOnIdleWorkers) {
   EXPECT_EQ(t.setting().workers, 2);                                     // not tuned
 }
 
+TEST(Autotuner, AsksMoreOfADeeperQueueThanOfAWorker) {
+  AutotuneLimits l;
+  l.depth = true;
+  Autotuner t(l, {2, 4}, step_by_step());
+  EXPECT_EQ(t.update(interval(100, 0.5, 0.2)).depth, 8u);
+  EXPECT_EQ(t.update(interval(105, 0.5, 0.2)).depth, 4u) << t.reason();  // +5%: undone
+  Autotuner w(workers_only(), {2, 4}, step_by_step());
+  EXPECT_EQ(w.update(interval(100, 0.95, 0.5)).workers, 3);
+  EXPECT_EQ(w.update(interval(105, 0.95, 0.5)).workers, 3) << w.reason();  // +5%: kept
+}
+
 TEST(Autotuner, KeepsTheBatchesInFlightWithinTheMemoryBudget) {
   AutotuneLimits l;
   l.workers = l.depth = true;
