@@ -49,7 +49,9 @@ struct Args {
   std::string mode;
   std::string data;
   std::uint64_t records = kW1Records;
-  int workers = 2;
+  int workers = 2;            // kAuto (0): `--workers auto`
+  std::size_t prefetch = 4;   // kAuto (0): `--prefetch auto`
+  bool node_stats = true;     // --no-node-stats: per-node accounting off (its A/B)
   std::uint64_t batches = 0;  // 0: the mode's default
   std::uint64_t warmup = 100;
   int rounds = 0;  // 0: the mode's default
@@ -65,7 +67,8 @@ struct Args {
   std::fprintf(stderr,
                "w1_flowstate: %s\nusage: w1_flowstate --data DIR "
                "{gen|throughput|gather|checkpoint|restore|size|rss|map} [--records N] "
-               "[--workers W] [--batches N] [--warmup N] [--rounds N] [--every N] "
+               "[--workers W|auto] [--prefetch D|auto] [--no-node-stats] [--batches N] [--warmup "
+               "N] [--rounds N] [--every N] "
                "[--epochs N] [--map-rounds N] [--kind state|sync|async] [--label S] "
                "[--trace FILE]\n",
                why);
@@ -84,8 +87,14 @@ Args parse(int argc, char** argv) {
       a.data = value();
     else if (k == "--records")
       a.records = std::stoull(value());
-    else if (k == "--workers")
-      a.workers = std::stoi(value());
+    else if (k == "--workers") {
+      const std::string v = value();
+      a.workers = v == "auto" ? static_cast<int>(kAuto) : std::stoi(v);
+    } else if (k == "--prefetch") {
+      const std::string v = value();
+      a.prefetch = v == "auto" ? kAuto : std::stoull(v);
+    } else if (k == "--no-node-stats")
+      a.node_stats = false;
     else if (k == "--batches")
       a.batches = std::stoull(value());
     else if (k == "--warmup")
@@ -131,16 +140,21 @@ double median(std::vector<double> v) { return summarize(std::move(v)).median; }
 
 void throughput(const Args& a) {
   const std::string glob = glob_of(a);
-  Pipeline p = w1_pipeline(glob, {.workers = a.workers});
+  Pipeline p = w1_pipeline(glob, {.workers = a.workers, .prefetch = a.prefetch});
   BenchReport r = run_bench(p, {.steps = a.batches ? a.batches : 3072,
                                 .warmup = a.warmup,
                                 .repeat = std::max(1, a.rounds),
-                                .trace = a.trace});
+                                .trace = a.trace,
+                                .node_stats = a.node_stats});
   json stages = json::object();
   for (const auto& s : r.runs.front().stages)
     stages[s.name] = {{"util", s.utilization}, {"us_per_item", s.us_per_item}};
   emit({{"what", "w1"},
         {"workers", a.workers},
+        {"prefetch", a.prefetch},
+        {"node_stats", a.node_stats},
+        {"tuned_workers", r.runs.front().workers},
+        {"tuned_prefetch", r.runs.front().prefetch_depth},
         {"samples_per_s", r.samples_per_s.median},
         {"mb_per_s", r.mb_per_s.median},
         {"cpu_ns_per_sample", r.cpu_ns_per_sample.median},
@@ -418,17 +432,22 @@ void rss(const Args& a) {
 
 void map_heavy(const Args& a) {
   const std::string glob = glob_of(a);
-  Pipeline p = w1_pipeline(glob, {.workers = a.workers, .map_rounds = a.map_rounds});
+  Pipeline p =
+      w1_pipeline(glob, {.workers = a.workers, .prefetch = a.prefetch, .map_rounds = a.map_rounds});
   const double cost = map_cost_ns(kW1RecordBytes, a.map_rounds);
   BenchReport r = run_bench(p, {.steps = a.batches ? a.batches : 300,
                                 .warmup = a.warmup ? a.warmup : 20,
                                 .repeat = std::max(1, a.rounds),
-                                .trace = a.trace});
+                                .trace = a.trace,
+                                .node_stats = a.node_stats});
   json stages = json::object();
   for (const auto& s : r.runs.front().stages)
     stages[s.name] = {{"util", s.utilization}, {"us_per_item", s.us_per_item}};
   emit({{"what", "map_heavy"},
         {"workers", a.workers},
+        {"prefetch", a.prefetch},
+        {"tuned_workers", r.runs.front().workers},
+        {"tuned_prefetch", r.runs.front().prefetch_depth},
         {"map_ns_per_sample", cost},
         {"samples_per_s", r.samples_per_s.median},
         {"cpu_ns_per_sample", r.cpu_ns_per_sample.median},

@@ -21,8 +21,9 @@ constexpr const char* kUsage =
     "  --repeat R        runs, each with a fresh loader (default 3)\n"
     "  --epochs E        epochs to run (default 0: as many as the steps need; with --steps 0,\n"
     "                    the pipeline's)\n"
-    "  --workers N       batch-assembly workers (free: never changes the batches)\n"
-    "  --prefetch N      prefetch depth (free)\n"
+    "  --workers N|auto  batch-assembly workers (free: never changes the batches); auto:\n"
+    "                    tuned while running (the table shows the choice)\n"
+    "  --prefetch N|auto prefetch depth (free); auto: tuned while running\n"
     "  --set KEY=VALUE   override a pipeline value (repeatable)\n"
     "  --json FILE|-     also write the full report as JSON\n"
     "  --trace FILE.json write the median run's timeline (Chrome trace-event JSON, for\n"
@@ -47,8 +48,14 @@ int cmd_bench(std::span<const std::string> argv) {
   o.epochs = args.uint("--epochs").value_or(o.steps == 0 ? config.epochs : 0);
   if (o.steps == 0 && o.epochs == 0)
     throw UsageError("--steps 0 runs until the epochs end, which needs --epochs > 0");
-  if (auto w = args.uint("--workers", 1, 1024)) o.workers = static_cast<int>(*w);
-  if (auto p = args.uint("--prefetch", 1, 1 << 20)) o.prefetch = static_cast<std::size_t>(*p);
+  if (args.value("--workers") == "auto")
+    o.workers = static_cast<int>(kAuto);
+  else if (auto w = args.uint("--workers", 1, 1024))
+    o.workers = static_cast<int>(*w);
+  if (args.value("--prefetch") == "auto")
+    o.prefetch = kAuto;
+  else if (auto p = args.uint("--prefetch", 1, 1 << 20))
+    o.prefetch = static_cast<std::size_t>(*p);
   o.trace = args.value("--trace").value_or("");
 
   note("benchmarking " + config.origin + " (fingerprint " + hex64(config.pipeline.fingerprint()) +

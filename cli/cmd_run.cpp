@@ -33,7 +33,8 @@ constexpr const char* kUsage =
     "  --steps N               stop after the batch of step N-1 (a global target: a resumed\n"
     "                          run stops at the same place)\n"
     "  --epochs E              epochs to run (default: the pipeline's; 0 runs until stopped)\n"
-    "  --workers N             batch-assembly workers (free: never changes the batches)\n"
+    "  --workers N|auto        batch-assembly workers (free: never changes the batches);\n"
+    "                          auto: tuned while running\n"
     "  --checkpoint-dir D      checkpoint directory, relative to the current directory\n"
     "                          (default: the pipeline's checkpoint.dir, relative to its file)\n"
     "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0 (the\n"
@@ -296,7 +297,9 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
                      " arguments");
   const std::string path = args.positional()[0];
   const std::optional<std::uint64_t> steps = args.uint("--steps");
-  const std::optional<std::uint64_t> workers = args.uint("--workers", 1, 1024);
+  const bool auto_workers = args.value("--workers") == "auto";
+  const std::optional<std::uint64_t> workers =
+      auto_workers ? std::optional<std::uint64_t>(kAuto) : args.uint("--workers", 1, 1024);
   const double interval = static_cast<double>(args.uint("--progress-interval").value_or(10));
   std::vector<std::pair<std::uint64_t, std::uint64_t>> new_skips;
   for (const auto& s : args.values("--skip")) new_skips.push_back(parse_skip(s));

@@ -161,7 +161,13 @@ class YamlLoader {
         break;
       }
       case ParamType::kUInt:
+        if (p.auto_value && is_plain_scalar(n) && n.Scalar() == "auto") return std::uint64_t{kAuto};
         v = parse_uint(n, p, key);
+        if (p.auto_value && std::get<std::uint64_t>(v) == kAuto) {
+          ParamSchema bounds = p;
+          bounds.auto_value = false;
+          fail(n, key, check_number(bounds, 0.0, n.Scalar()) + " or auto");
+        }
         break;
       case ParamType::kInt:
         v = parse_int(n, key);

@@ -100,6 +100,7 @@ RunReport run_once(const Pipeline& pipeline, const BenchOptions& o, const std::s
   std::uint64_t peak_anon = anon_rss_bytes();
   LoaderOptions lo{.epochs = o.epochs, .workers = o.workers, .prefetch = o.prefetch};
   lo.trace = trace;
+  lo.node_stats = o.node_stats;
 
   const auto t_start = Clock::now();
   Loader loader(pipeline, lo);
@@ -139,6 +140,11 @@ RunReport run_once(const Pipeline& pipeline, const BenchOptions& o, const std::s
   r.consumer_wait_s = static_cast<double>(after.consumer_wait_ns - before.consumer_wait_ns) * 1e-9;
   r.graph_waits = after.graph_waits - before.graph_waits;
   r.in_flight_limit = after.in_flight_limit;
+  r.workers = after.workers;
+  r.prefetch_depth = after.prefetch_depth;
+  r.workers_auto = after.workers_auto;
+  r.prefetch_auto = after.prefetch_auto;
+  r.autotune_changes = after.autotune_changes;
   r.peak_anon_bytes = std::max(peak_anon, anon_rss_bytes());
   r.peak_rss_bytes = peak_rss_bytes();
   return r;
@@ -185,8 +191,8 @@ BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options) {
   if (options.repeat < 1) throw ConfigError("repeat", "repeat must be at least 1");
   if (options.steps == 0 && options.epochs == 0)
     throw ConfigError("steps", "steps 0 (run to the end) needs a finite number of epochs");
-  if (options.workers && *options.workers < 1)
-    throw ConfigError("workers", "workers must be at least 1");
+  if (options.workers && *options.workers < 1 && *options.workers != static_cast<int>(kAuto))
+    throw ConfigError("workers", "workers must be at least 1 (or auto)");
 
   BenchReport report;
   report.pipeline = pipeline.describe();
@@ -214,6 +220,8 @@ BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options) {
   report.mb_per_s = summarize(mbps);
   report.first_batch_s = summarize(first);
   report.cpu_ns_per_sample = summarize(cpu);
+  if (const RunReport* median = median_run(report); median != nullptr && median->workers_auto)
+    report.workers = median->workers;
   if (!options.trace.empty()) {
     const RunReport* median = median_run(report);
     for (int i = 0; i < options.repeat; ++i) {
@@ -278,6 +286,11 @@ std::string to_json(const BenchReport& r) {
                     {"consumer_wait_s", run.consumer_wait_s},
                     {"graph_waits", run.graph_waits},
                     {"in_flight_limit", run.in_flight_limit},
+                    {"workers", run.workers},
+                    {"workers_auto", run.workers_auto},
+                    {"prefetch_depth", run.prefetch_depth},
+                    {"prefetch_auto", run.prefetch_auto},
+                    {"autotune_changes", run.autotune_changes},
                     {"peak_rss_bytes", run.peak_rss_bytes},
                     {"peak_anon_bytes", run.peak_anon_bytes}});
   }
@@ -354,7 +367,15 @@ std::string format_report(const BenchReport& r) {
                 run.stages.size() > 2 ? run.stages[2].utilization * 100 : 0,
                 static_cast<unsigned long long>(run.consumer_waits),
                 static_cast<unsigned long long>(run.graph_waits), run.in_flight_limit);
-  os << line << bottleneck(r) << "\n";
+  os << line;
+  if (run.workers_auto || run.prefetch_auto) {
+    const std::string w = (run.workers_auto ? "auto → " : "") + std::to_string(run.workers);
+    const std::string d = (run.prefetch_auto ? "auto → " : "") + std::to_string(run.prefetch_depth);
+    std::snprintf(line, sizeof(line), "autotune: workers: %s, prefetch depth: %s (%llu changes)\n",
+                  w.c_str(), d.c_str(), static_cast<unsigned long long>(run.autotune_changes));
+    os << line;
+  }
+  os << bottleneck(r) << "\n";
   return os.str();
 }
 

@@ -35,6 +35,7 @@ struct BenchOptions {
   /// Writes the timeline of the median run (the one the report details) to this file
   /// (LoaderOptions::trace) when not empty.
   std::string trace;
+  bool node_stats = true;  ///< LoaderOptions::node_stats (off: for its A/B only)
 };
 
 /// One stage of the graph during the timed part of a run (see LoaderStats::Stage).
@@ -79,8 +80,13 @@ struct RunReport {
   double consumer_wait_s = 0;        ///< time next() spent waiting
   std::uint64_t graph_waits = 0;     ///< every slot ready and waiting (consumer-bound)
   std::size_t in_flight_limit = 0;
-  std::uint64_t peak_rss_bytes = 0;   ///< VmHWM during this run (reset before it when possible)
-  std::uint64_t peak_anon_bytes = 0;  ///< largest RssAnon sampled during the run
+  /// Workers and prefetch depth at the run's end: with `auto`, the tuner's choice.
+  int workers = 0;
+  std::size_t prefetch_depth = 0;
+  bool workers_auto = false, prefetch_auto = false;
+  std::uint64_t autotune_changes = 0;  ///< settings the tuner changed in the whole run
+  std::uint64_t peak_rss_bytes = 0;    ///< VmHWM during this run (reset before it when possible)
+  std::uint64_t peak_anon_bytes = 0;   ///< largest RssAnon sampled during the run
 };
 
 /// Median and spread over the runs.
@@ -95,7 +101,7 @@ struct BenchReport {
   std::string pipeline;  ///< Pipeline::describe()
   std::uint64_t fingerprint = 0;
   BenchOptions options;
-  int workers = 0;  ///< batch-assembly workers used
+  int workers = 0;  ///< batch-assembly workers used (auto: the median run's final choice)
   std::vector<RunReport> runs;
   Summary samples_per_s;
   Summary mb_per_s;

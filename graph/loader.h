@@ -38,9 +38,21 @@ struct LoaderObserver;
 
 /// Run parameters of a Loader. None of them changes the batches produced.
 struct LoaderOptions {
-  std::uint64_t epochs = 1;             ///< epochs to run; 0 runs forever
-  std::optional<int> workers;           ///< overrides the pipeline's batch-assembly workers
-  std::optional<std::size_t> prefetch;  ///< overrides the pipeline's prefetch depth
+  std::uint64_t epochs = 1;  ///< epochs to run; 0 runs forever
+  /// Overrides the pipeline's batch-assembly workers; kAuto (0): picked and adjusted while
+  /// running (graph/autotune.h).
+  std::optional<int> workers;
+  /// Overrides the pipeline's prefetch depth; kAuto (0): picked and adjusted while running.
+  std::optional<std::size_t> prefetch;
+  /// Bytes the batches in flight ((workers + prefetch depth) × batch bytes) may take while
+  /// the workers or the depth are tuned (`auto`); 0: an eighth of the machine's memory.
+  std::uint64_t memory_budget = 0;
+  /// Seconds between two decisions of the autotuner (with `auto` workers or depth).
+  double autotune_interval_s = 0.05;
+  /// Per-node accounting (LoaderStats::nodes; graph/node_stats.h). On by default and meant to
+  /// stay on; off only to measure what it costs (LoaderStats::nodes is then empty; the stage
+  /// counters stay, and so does the trace's consumer track).
+  bool node_stats = true;
   /// The job's ranks (core/coordinator.h), or null for a process on its own. With one,
   /// save_checkpoint(_async) and restore are collective: every rank calls them at the same
   /// steps, and a checkpoint is one step-N holding every rank's part, committed for all at
@@ -103,6 +115,14 @@ struct LoaderStats {
   /// was the bottleneck (the graph waited on its output).
   std::uint64_t graph_waits = 0;
   std::size_t in_flight_limit = 0;  ///< batches in flight at most
+  /// Batch-assembly workers and prefetch depth now; with `auto` they are the tuner's latest
+  /// choice (graph/autotune.h) and change while running.
+  int workers = 0;
+  std::size_t prefetch_depth = 0;
+  bool workers_auto = false;           ///< the workers are tuned
+  bool prefetch_auto = false;          ///< the prefetch depth is tuned
+  std::uint64_t memory_budget = 0;     ///< the tuner's cap on bytes in flight (0: not tuning)
+  std::uint64_t autotune_changes = 0;  ///< settings the tuner changed so far
 };
 
 /// Consumes a Pipeline. See the file comment.

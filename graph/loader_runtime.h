@@ -22,6 +22,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
+#include "flowstate/graph/autotune.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/loader_observer.h"
 #include "flowstate/graph/spine.h"
@@ -102,18 +103,86 @@ class ParallelismLease {
   std::size_t threads_;
 };
 
+/// The batch-assembly workers: LoaderOptions::workers, else the largest of the pipeline's and
+/// its maps' (kAuto, 0: tuned — when the pipeline's is auto and no map sets its own).
 inline int assembly_workers(const Pipeline& p, const LoaderOptions& o) {
-  if (o.workers) return std::max(1, *o.workers);
+  if (o.workers) return *o.workers == static_cast<int>(kAuto) ? 0 : std::max(1, *o.workers);
   int w = p.workers();
   for (const auto& n : p.nodes())
     if (n.workers) w = std::max(w, *n.workers);
   return w;
 }
 
+/// The prefetch depth: LoaderOptions::prefetch, else the pipeline's (kAuto, 0: tuned).
 inline std::size_t prefetch_depth(const Spine& spine, const LoaderOptions& o) {
-  if (o.prefetch) return std::max<std::size_t>(1, *o.prefetch);
+  if (o.prefetch) return *o.prefetch;
   return spine.sink().prefetch.value_or(2);
 }
+
+/// Workers at most with `workers: auto`: the function node is built with this concurrency and
+/// the tuner's choice gates it (LimiterSlots). Twice the cores, for assemblies that wait on I/O.
+inline int max_auto_workers() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::clamp(2 * cores, 4, 64);
+}
+inline constexpr std::size_t kMaxAutoDepth = 64;  ///< prefetch depth at most with `auto`
+inline constexpr std::size_t kAutoStartDepth = 4;
+
+/// Gives a limiter_node built with its largest threshold a smaller one that can change while
+/// the graph runs: the slots above the target are held as if taken (a negative decrement
+/// takes them; a message that finishes while the target is lower keeps its slot instead of
+/// freeing it), and a raised target frees held ones. The limiter's count never passes its
+/// threshold, so TBB never clamps it and no slot is lost. Thread-safe.
+class LimiterSlots {
+ public:
+  using Node = flow::limiter_node<PlanMsg, long long>;
+  /// Before the graph runs: `node`'s threshold is `max`, of which `target` slots are used.
+  void init(Node* node, std::size_t max, std::size_t target) {
+    node_ = node;
+    max_ = max;
+    held_ = max_ - std::clamp<std::size_t>(target, 1, max_);
+    to_hold_ = 0;
+    if (held_ > 0) node_->decrementer().try_put(-static_cast<long long>(held_));
+  }
+  /// A message that took a slot is done: frees the slot, or holds it while above target.
+  void release() {
+    {
+      std::lock_guard lock(mu_);
+      if (to_hold_ > 0) {
+        --to_hold_;
+        ++held_;
+        return;
+      }
+    }
+    node_->decrementer().try_put(1);
+  }
+  /// Slots usable from now on (as messages finish, when lower).
+  void set_target(std::size_t target) {
+    std::size_t give = 0;
+    {
+      std::lock_guard lock(mu_);
+      const std::size_t want = max_ - std::clamp<std::size_t>(target, 1, max_);
+      const std::size_t have = held_ + to_hold_;
+      if (want > have) {
+        to_hold_ += want - have;
+      } else {
+        give = have - want;
+        const std::size_t cancelled = std::min(give, to_hold_);
+        to_hold_ -= cancelled;
+        give -= cancelled;
+        held_ -= give;
+      }
+    }
+    if (give > 0) node_->decrementer().try_put(static_cast<long long>(give));
+  }
+
+ private:
+  Node* node_ = nullptr;
+  std::size_t max_ = 0;
+  std::mutex mu_;
+  std::size_t held_ = 0;     ///< slots taken out of use
+  std::size_t to_hold_ = 0;  ///< slots still to take out, as messages finish
+};
 
 }  // namespace loader_detail
 using namespace loader_detail;  // NOLINT: this header has one includer, graph/loader.cpp
@@ -123,13 +192,33 @@ class Loader::Runtime {
  public:
   Runtime(const Pipeline& pipeline, const LoaderOptions& options, Tracer* tracer)
       : tracer_(tracer),
-        spine_(pipeline, options.epochs, &stats_),
-        workers_(assembly_workers(pipeline, options)),
-        depth_(prefetch_depth(spine_, options)),
+        spine_(pipeline, options.epochs, options.node_stats ? &stats_ : nullptr),
+        node_stats_(options.node_stats),
+        auto_workers_(assembly_workers(pipeline, options) == 0),
+        auto_depth_(prefetch_depth(spine_, options) == kAuto),
+        max_workers_(auto_workers_ ? max_auto_workers() : assembly_workers(pipeline, options)),
+        max_depth_(auto_depth_ ? kMaxAutoDepth : prefetch_depth(spine_, options)),
+        workers_(auto_workers_
+                     ? std::min(max_workers_,
+                                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+                     : max_workers_),
+        depth_(auto_depth_ ? kAutoStartDepth : max_depth_),
         // Enough TBB threads for the workers plus the serial input and output nodes, also on
         // small machines where the default pool would starve the graph.
-        lease_(static_cast<std::size_t>(workers_) + 2),
-        arena_(workers_ + 1, 0) {
+        lease_(static_cast<std::size_t>(max_workers_) + 2),
+        arena_(max_workers_ + 1, 0) {
+    if (auto_workers_ || auto_depth_) {
+      AutotuneLimits limits;
+      limits.workers = auto_workers_;
+      limits.depth = auto_depth_;
+      limits.max_workers = max_workers_;
+      limits.max_depth = max_depth_;
+      limits.memory_budget =
+          options.memory_budget != 0 ? options.memory_budget : default_memory_budget();
+      tuner_.emplace(limits, AutotuneSetting{workers_.load(), depth_.load()});
+      tune_interval_ns_ =
+          static_cast<std::int64_t>(std::max(options.autotune_interval_s, 1e-3) * 1e9);
+    }
     const SinkConfig& sink = spine_.sink();
     if (sink.device) device_ = std::make_unique<DeviceCopy>(*sink.device);
     auto pool = device_ ? device_->staging_pool() : BufferPool::host();
@@ -152,7 +241,8 @@ class Loader::Runtime {
       assembly_nodes_.push_back(counters_of(name));
     // A source's work is reading its records, in the assembly (its pulls are a cursor moving);
     // a store made in the spine (pack) does its work there.
-    if (assembly_nodes_[0] != nullptr && phase_of(spine_.source_name()) == Phase::kSource)
+    if (!assembly_nodes_.empty() && assembly_nodes_[0] != nullptr &&
+        phase_of(spine_.source_name()) == Phase::kSource)
       assembly_nodes_[0]->stage = NodeStage::kAssemble;
     if (device_) device_node_ = counters_of(sink.device_name);
     if (tracer_ != nullptr) {
@@ -173,9 +263,10 @@ class Loader::Runtime {
       input_ = std::make_unique<flow::input_node<PlanMsg>>(
           *graph_, [this](oneapi::tbb::flow_control& fc) { return plan_next(fc); });
       // Slots: batches being assembled, waiting for order, and waiting for the consumer.
-      limiter_ = std::make_unique<flow::limiter_node<PlanMsg>>(*graph_, depth_ + workers_);
+      const std::size_t max_in_flight = max_depth_ + static_cast<std::size_t>(max_workers_);
+      limiter_ = std::make_unique<LimiterSlots::Node>(*graph_, max_in_flight);
       work_ = std::make_unique<flow::function_node<PlanMsg, ItemMsg>>(
-          *graph_, static_cast<std::size_t>(workers_),
+          *graph_, static_cast<std::size_t>(max_workers_),
           [this](const PlanMsg& m) { return assemble(m); });
       order_ = std::make_unique<flow::sequencer_node<ItemMsg>>(
           *graph_, [](const ItemMsg& m) { return static_cast<std::size_t>(m.seq); });
@@ -185,9 +276,23 @@ class Loader::Runtime {
             return flow::continue_msg();
           });
       flow::make_edge(*input_, *limiter_);
-      flow::make_edge(*limiter_, *work_);
+      if (auto_workers_) {
+        // The tuned worker count gates a function node built for the most: plans wait in a
+        // queue for one of the gate's slots (one per active worker; assemble() frees it).
+        plan_queue_ = std::make_unique<flow::queue_node<PlanMsg>>(*graph_);
+        gate_ =
+            std::make_unique<LimiterSlots::Node>(*graph_, static_cast<std::size_t>(max_workers_));
+        flow::make_edge(*limiter_, *plan_queue_);
+        flow::make_edge(*plan_queue_, *gate_);
+        flow::make_edge(*gate_, *work_);
+        gate_slots_.init(gate_.get(), static_cast<std::size_t>(max_workers_),
+                         static_cast<std::size_t>(workers_.load()));
+      } else {
+        flow::make_edge(*limiter_, *work_);
+      }
       flow::make_edge(*work_, *order_);
       flow::make_edge(*order_, *sink_);
+      in_flight_slots_.init(limiter_.get(), max_in_flight, in_flight_target());
       start_ns_ = stats_now_ns();
       input_->activate();
     });
@@ -202,8 +307,9 @@ class Loader::Runtime {
         start_ns_ == 0 ? 0 : static_cast<std::uint64_t>(stats_now_ns() - start_ns_);
     const std::uint64_t spine_ns = spine_ns_.load(), work_ns = work_ns_.load(),
                         deliver_ns = deliver_ns_.load();
+    const int workers = workers_.load(std::memory_order_relaxed);
     s.stages = {{"spine", spine_items_.load(), spine_ns, 1},
-                {"assemble", work_items_.load(), work_ns, workers_},
+                {"assemble", work_items_.load(), work_ns, workers},
                 {"deliver", deliver_items_.load(), deliver_ns, 1}};
     const std::uint64_t blocked = spine_blocked_ns_.load(std::memory_order_relaxed);
     const auto idle = [&](std::uint64_t busy, int threads) {
@@ -215,7 +321,7 @@ class Loader::Runtime {
       n.name = c.name;
       n.type = c.type;
       n.stage = node_stage_name(c.stage);
-      n.threads = c.stage == NodeStage::kAssemble ? workers_ : 1;
+      n.threads = c.stage == NodeStage::kAssemble ? workers : 1;
       n.calls = c.calls.load(std::memory_order_relaxed);
       n.items = c.items.load(std::memory_order_relaxed);
       n.bytes = c.bytes.load(std::memory_order_relaxed);
@@ -229,7 +335,7 @@ class Loader::Runtime {
           n.wait_output_ns = blocked;
           break;
         case NodeStage::kAssemble:
-          n.wait_input_ns = idle(work_ns, workers_);
+          n.wait_input_ns = idle(work_ns, workers);
           break;
         case NodeStage::kDeliver:
           n.wait_input_ns = idle(deliver_ns, 1);
@@ -245,12 +351,21 @@ class Loader::Runtime {
     s.consumer_waits = consumer_waits_;
     s.consumer_wait_ns = consumer_wait_ns_;
     s.graph_waits = graph_waits_;
-    s.in_flight_limit = depth_ + static_cast<std::size_t>(workers_);
+    s.in_flight_limit = in_flight_target();
+    s.workers = workers;
+    s.prefetch_depth = depth_.load(std::memory_order_relaxed);
+    s.workers_auto = auto_workers_;
+    s.prefetch_auto = auto_depth_;
+    if (tuner_) {
+      s.memory_budget = tuner_->limits().memory_budget;
+      s.autotune_changes = tuner_->changes();
+    }
     return s;
   }
 
   /// Blocks until the next item in sequence order is ready and releases its limiter slot.
   ItemMsg take() {
+    if (tuner_) maybe_tune();
     ItemMsg m;
     {
       std::unique_lock lock(mu_);
@@ -265,13 +380,18 @@ class Loader::Runtime {
           const auto step = front.batch ? static_cast<std::int64_t>(front.batch->info.step) : -1;
           tracer_->span(Tracer::kConsumer, consumer_wait_name_, t0, t1, step);
         }
-      } else if (queue_.size() >= depth_ + static_cast<std::size_t>(workers_)) {
+      } else if (queue_.size() >= in_flight_target()) {
         ++graph_waits_;
       }
       m = std::move(queue_.front());
       queue_.pop_front();
     }
     if (m.batch) {
+      if (tuner_) {
+        std::uint64_t bytes = 0;
+        for (const auto& [id, t] : m.batch->fields) bytes += t.nbytes();
+        max_batch_bytes_ = std::max(max_batch_bytes_, bytes);
+      }
       const std::uint64_t taken = taken_.fetch_add(1, std::memory_order_relaxed) + 1;
       if (tracer_ != nullptr)
         tracer_->counter(in_flight_name_, stats_now_ns(),
@@ -280,7 +400,7 @@ class Loader::Runtime {
     // Not through arena_.execute: an external thread that finds every arena slot busy would
     // wait for a worker to run the call. A try_put from outside submits its task to the
     // graph's arena and returns.
-    limiter_->decrementer().try_put(flow::continue_msg());
+    in_flight_slots_.release();
     return m;
   }
 
@@ -297,12 +417,57 @@ class Loader::Runtime {
     sink_.reset();
     order_.reset();
     work_.reset();
+    gate_.reset();
+    plan_queue_.reset();
     limiter_.reset();
     input_.reset();
     graph_.reset();
   }
 
  private:
+  std::size_t in_flight_target() const {
+    return depth_.load(std::memory_order_relaxed) +
+           static_cast<std::size_t>(workers_.load(std::memory_order_relaxed));
+  }
+
+  /// On the consumer's thread, every autotune interval: feeds the tuner the interval's
+  /// counters and applies its setting to the limiters' slots.
+  void maybe_tune() {
+    const std::int64_t now = stats_now_ns();
+    const std::uint64_t work_ns = work_ns_.load(), spine_ns = spine_ns_.load();
+    const std::uint64_t taken = taken_.load(std::memory_order_relaxed);
+    std::uint64_t wait_ns = 0;
+    {
+      std::lock_guard lock(mu_);
+      wait_ns = consumer_wait_ns_;
+    }
+    if (tune_last_ns_ == 0 || now - tune_last_ns_ >= tune_interval_ns_) {
+      if (tune_last_ns_ != 0) {
+        const auto dt = static_cast<double>(now - tune_last_ns_);
+        AutotuneSample s;
+        s.seconds = dt * 1e-9;
+        s.batches = taken - tune_taken_;
+        s.batch_bytes = max_batch_bytes_;
+        s.assemble_busy = static_cast<double>(work_ns - tune_work_ns_) /
+                          (dt * workers_.load(std::memory_order_relaxed));
+        s.spine_busy = static_cast<double>(spine_ns - tune_spine_ns_) / dt;
+        s.consumer_wait = static_cast<double>(wait_ns - tune_wait_ns_) / dt;
+        const AutotuneSetting next = tuner_->update(s);
+        if (next.workers != workers_.load(std::memory_order_relaxed)) {
+          gate_slots_.set_target(static_cast<std::size_t>(next.workers));
+          workers_.store(next.workers, std::memory_order_relaxed);
+        }
+        depth_.store(next.depth, std::memory_order_relaxed);
+        in_flight_slots_.set_target(in_flight_target());
+      }
+      tune_last_ns_ = now;
+      tune_work_ns_ = work_ns;
+      tune_spine_ns_ = spine_ns;
+      tune_wait_ns_ = wait_ns;
+      tune_taken_ = taken;
+    }
+  }
+
   PlanMsg plan_next(oneapi::tbb::flow_control& fc) {
     if (done_ || stopping_.load()) {
       fc.stop();
@@ -381,6 +546,13 @@ class Loader::Runtime {
   }
 
   ItemMsg assemble(const PlanMsg& m) {
+    // With tuned workers, the plan holds a gate slot until its batch is made.
+    struct Gate {
+      Runtime* rt;
+      ~Gate() {
+        if (rt->auto_workers_) rt->gate_slots_.release();
+      }
+    } gate{this};
     ItemMsg out;
     out.seq = m.seq;
     out.end = m.end;
@@ -399,7 +571,8 @@ class Loader::Runtime {
     const auto step = static_cast<std::int64_t>(m.plan->info.step);
     const auto epoch = static_cast<std::int64_t>(m.plan->info.epoch);
     try {
-      out.batch = std::make_shared<Batch>(assembler_->assemble(std::move(*m.plan), &times));
+      out.batch = std::make_shared<Batch>(
+          assembler_->assemble(std::move(*m.plan), node_stats_ ? &times : nullptr));
     } catch (...) {
       out.error = std::current_exception();
       return out;
@@ -410,7 +583,8 @@ class Loader::Runtime {
     // Stages alternate chunk by chunk: the spans are each stage's summed time in the batch,
     // laid end to end from the batch's start.
     std::int64_t at = times.begin_ns;
-    for (std::size_t k = 0; k < times.stages.size() && k < assembly_nodes_.size(); ++k) {
+    for (std::size_t k = 0; node_stats_ && k < times.stages.size() && k < assembly_nodes_.size();
+         ++k) {
       const AssemblyTimes::Stage& st = times.stages[k];
       NodeCounters* node = assembly_nodes_[k];
       if (node == nullptr || (st.items == 0 && st.ns == 0)) continue;
@@ -470,8 +644,19 @@ class Loader::Runtime {
   Tracer* tracer_;
   NodeStatsTable stats_;  // before spine_: it owns the timers between the spine's nodes
   Spine spine_;
-  int workers_;
-  std::size_t depth_;
+  const bool node_stats_;                 ///< LoaderOptions::node_stats
+  const bool auto_workers_, auto_depth_;  ///< `auto`: tuned while running
+  const int max_workers_;                 ///< the function node's concurrency
+  const std::size_t max_depth_;
+  /// Workers and depth now (fixed, or the tuner's latest choice; set by the consumer).
+  std::atomic<int> workers_;
+  std::atomic<std::size_t> depth_;
+  LimiterSlots in_flight_slots_, gate_slots_;
+  // The tuner and what its last interval started from (consumer's thread only).
+  std::optional<Autotuner> tuner_;
+  std::int64_t tune_interval_ns_ = 0, tune_last_ns_ = 0;
+  std::uint64_t tune_work_ns_ = 0, tune_spine_ns_ = 0, tune_wait_ns_ = 0, tune_taken_ = 0;
+  std::uint64_t max_batch_bytes_ = 0;
   std::unique_ptr<DeviceCopy> device_;
   std::unique_ptr<BatchAssembler> assembler_;
   std::vector<NodeCounters*> assembly_nodes_;  ///< per AssemblyTimes stage (null: not counted)
@@ -482,7 +667,9 @@ class Loader::Runtime {
   oneapi::tbb::task_arena arena_;
   std::unique_ptr<flow::graph> graph_;
   std::unique_ptr<flow::input_node<PlanMsg>> input_;
-  std::unique_ptr<flow::limiter_node<PlanMsg>> limiter_;
+  std::unique_ptr<LimiterSlots::Node> limiter_;
+  std::unique_ptr<flow::queue_node<PlanMsg>> plan_queue_;  ///< with tuned workers: before the gate
+  std::unique_ptr<LimiterSlots::Node> gate_;  ///< with tuned workers: one slot a worker
   std::unique_ptr<flow::function_node<PlanMsg, ItemMsg>> work_;
   std::unique_ptr<flow::sequencer_node<ItemMsg>> order_;
   std::unique_ptr<flow::function_node<ItemMsg, flow::continue_msg>> sink_;

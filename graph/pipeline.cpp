@@ -23,7 +23,9 @@ std::vector<CanonicalParam> Pipeline::canonical() const {
 
 std::string Pipeline::describe() const {
   std::string s =
-      "seed: " + std::to_string(seed_) + "\nworkers: " + std::to_string(workers_) + " (free)\n";
+      "seed: " + std::to_string(seed_) + "\nworkers: " +
+      (workers_ == static_cast<int>(kAuto) ? std::string("auto") : std::to_string(workers_)) +
+      " (free)\n";
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const auto& n = nodes_[i];
     s += "[" + std::to_string(i) + "] " + n.name + ": " + n.description.type + "\n";
@@ -53,7 +55,8 @@ Pipeline::Builder& Pipeline::Builder::seed(std::uint64_t seed) {
 }
 
 Pipeline::Builder& Pipeline::Builder::workers(int workers) {
-  if (workers < 1) throw ConfigError("workers", "workers must be at least 1");
+  if (workers < 0 || (workers < 1 && workers != static_cast<int>(kAuto)))
+    throw ConfigError("workers", "workers must be at least 1 (or kAuto)");
   p_.workers_ = workers;
   return *this;
 }

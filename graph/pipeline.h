@@ -70,7 +70,8 @@ class Pipeline {
 
   std::uint64_t seed() const { return seed_; }
   const std::vector<NodeSpec>& nodes() const { return nodes_; }
-  /// Default number of parallel batch-assembly workers (a map's `workers` overrides it).
+  /// Default number of parallel batch-assembly workers (a map's `workers` overrides it), or
+  /// kAuto (0): the Loader picks and adjusts it (graph/autotune.h).
   int workers() const { return workers_; }
   /// The pipeline without its free parameters, as "node.param" -> value pairs.
   std::vector<CanonicalParam> canonical() const;
@@ -95,7 +96,8 @@ class Pipeline::Builder {
  public:
   /// The pipeline seed: shuffles and map generators derive from it.
   Builder& seed(std::uint64_t seed);
-  /// Default parallel workers for reading, mapping and collating batches (>= 1). Free.
+  /// Default parallel workers for reading, mapping and collating batches (>= 1), or kAuto:
+  /// tuned while running (graph/autotune.h). Free.
   Builder& workers(int workers);
 
   /// Adds any node: its definition and options of the definition's type. `inputs` are the

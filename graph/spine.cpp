@@ -120,8 +120,14 @@ class ChainContext final : public BuildContext {
   std::size_t inputs() const override { return spec_->inputs ? spec_->inputs->size() : 0; }
   Chain build_input(std::size_t i) override {
     if (i >= inputs()) throw Error("node '" + spec_->name + "' has no input " + std::to_string(i));
-    return Spine::build_chain((*spec_->inputs)[i], static_cast<std::uint32_t>(i), nullptr, stats_,
-                              prefix_ + stats_name(*spec_) + "[" + std::to_string(i) + "]/");
+    NodeCounters* last = nullptr;
+    Chain c =
+        Spine::build_chain((*spec_->inputs)[i], static_cast<std::uint32_t>(i), nullptr, stats_,
+                           prefix_ + stats_name(*spec_) + "[" + std::to_string(i) + "]/", &last);
+    // The mix pulls the input's last node directly: time those pulls too, as a downstream
+    // node's connect() does for every other node.
+    if (last != nullptr && !c.nodes.empty()) c.tail = stats_->timed(c.nodes.back().get(), *last);
+    return c;
   }
 
  private:

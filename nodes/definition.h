@@ -83,6 +83,9 @@ struct Chain {
   const RecordStore* store = nullptr;  ///< what the next node reads Refs from
   std::string store_name;
   std::vector<SampleStage> stages;  ///< per-sample maps since `store`
+  /// What a node consuming the chain from outside it (a mix) pulls from: nodes.back(), or the
+  /// runtime's timing wrapper of it (graph/node_stats.h). Null: nodes.back().
+  SpineNode* tail = nullptr;
 };
 
 /// What a node's build function adds itself to: one running spine (graph/spine.h implements

@@ -75,6 +75,7 @@ const NodeDef& mix_node() {
           Chain sub = ctx.build_input(j);
           MixInput in;
           in.name = "input " + std::to_string(j);
+          in.tail = sub.tail;
           in.nodes = std::move(sub.nodes);
           in.own = std::move(sub.readers);
           in.store = sub.store;

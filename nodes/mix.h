@@ -69,6 +69,7 @@ struct MixInput {
   std::vector<std::unique_ptr<SampleReader>> own;  ///< readers the chain's nodes use
   const RecordStore* store = nullptr;              ///< the input's source
   std::unique_ptr<SampleReader> reader;            ///< the input's Refs with its maps applied
+  SpineNode* tail = nullptr;  ///< what the mix pulls from (Chain::tail); null: nodes.back()
 };
 
 /// State of a mix (the inputs' states are saved after it).
@@ -133,7 +134,9 @@ class MixNode final : public SpineNode, public RecordStore {
   const MixState& state() const { return state_; }
 
  private:
-  SpineNode& tail(std::size_t i) const { return *inputs_[i].nodes.back(); }
+  SpineNode& tail(std::size_t i) const {
+    return inputs_[i].tail != nullptr ? *inputs_[i].tail : *inputs_[i].nodes.back();
+  }
   void start_input(std::size_t i, std::uint64_t epoch);
   /// Draws an input among those still in the draw; none left: nullopt.
   std::optional<std::size_t> draw();

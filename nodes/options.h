@@ -90,6 +90,7 @@ struct FieldSpec {
   std::optional<double> max;     ///< inclusive upper bound
   bool required = false;         ///< YAML must give it; the struct's default is not valid
   bool free = false;             ///< never changes the output: not in the fingerprint
+  bool auto_value = false;       ///< also accepts `auto` (kAuto; ParamSchema::auto_value)
   const char* doc = "";          ///< one line
   const char* default_doc = "";  ///< what an unset optional (or empty list) means
   /// Extra check of a value: returns the problem ("must not be empty") or "".
@@ -223,6 +224,7 @@ ParamSchema schema_row(const Field<O, T>& f) {
   p.min = f.spec.min;
   p.max = f.spec.max;
   p.free = f.spec.free;
+  p.auto_value = f.spec.auto_value;
   p.default_doc = f.spec.default_doc;
   if (f.spec.check != nullptr) p.check = f.spec.check;
   if constexpr (std::is_enum_v<V>) p.choices = enum_names<V>();

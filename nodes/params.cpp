@@ -77,7 +77,9 @@ std::string format_param(const ParamValue& value) {
 
 std::string check_param(const ParamSchema& p, const ParamValue& value) {
   std::string problem;
-  if (const auto* u = std::get_if<std::uint64_t>(&value)) {
+  if (const auto* u = std::get_if<std::uint64_t>(&value); u && p.auto_value && *u == kAuto) {
+    // `auto`: the runtime picks the value.
+  } else if (const auto* u = std::get_if<std::uint64_t>(&value)) {
     problem = check_number(p, static_cast<double>(*u), std::to_string(*u));
   } else if (const auto* i = std::get_if<std::int64_t>(&value)) {
     problem = check_number(p, static_cast<double>(*i), std::to_string(*i));
@@ -182,6 +184,7 @@ std::string describe_params(const std::vector<ParamSchema>& params, std::string_
     else if (p.max)
       line += ", <= " + format_bound(*p.max);
     if (!p.choices.empty()) line += ", one of: " + join(p.choices);
+    if (p.auto_value) line += ", or auto";
     if (p.free) line += ", free";
     line += "): " + p.doc + "\n";
     out += line;

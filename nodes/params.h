@@ -17,6 +17,10 @@
 
 namespace flowstate {
 
+/// The value the word `auto` stands for in an unsigned parameter that accepts it
+/// (ParamSchema::auto_value): the runtime picks, and adjusts, the value (graph/autotune.h).
+inline constexpr std::uint64_t kAuto = 0;
+
 /// The type of a parameter value.
 enum class ParamType : std::uint8_t {
   kBool,        ///< true / false
@@ -54,6 +58,9 @@ struct ParamSchema {
   /// A free parameter never changes the output (worker counts, depths, devices); it is left
   /// out of the fingerprint.
   bool free = false;
+  /// kUInt only: the word `auto` is accepted too, as kAuto (0); a written 0 is still out of
+  /// range. Only free parameters take it (the runtime tunes them, graph/autotune.h).
+  bool auto_value = false;
   /// What an unset parameter without a default means ("RANK, ... else 0"), for the docs.
   std::string default_doc;
   /// Extra validation: returns the problem ("must not be empty"), or "" when the value is fine.

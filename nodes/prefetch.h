@@ -10,12 +10,21 @@ namespace flowstate {
 
 /// Options of the `prefetch` node.
 struct PrefetchOptions {
-  std::size_t depth = 4;  ///< >= 1; free
+  /// >= 1, or kAuto: tuned while running within LoaderOptions::memory_budget
+  /// (graph/autotune.h). Free.
+  std::size_t depth = 4;
 
   static constexpr auto table() {
-    return std::tuple{
-        param("depth", &PrefetchOptions::depth,
-              {.min = 1, .max = 4096, .free = true, .doc = "batches prepared ahead"})};
+    return std::tuple{param("depth", &PrefetchOptions::depth,
+                            {.min = 1,
+                             .max = 4096,
+                             .free = true,
+                             .auto_value = true,
+                             .doc = "batches prepared ahead; auto: tuned while running",
+                             .text = [](const PrefetchOptions& o) {
+                               return o.depth == kAuto ? std::string("auto")
+                                                       : std::to_string(o.depth);
+                             }})};
   }
 };
 

@@ -274,6 +274,20 @@ TEST_F(Cli, BenchNamesTheBottleneckAndWarnsWhenTheTimingIsShort) {
       << r.err;
 }
 
+TEST_F(Cli, BenchShowsWhatAutoChose) {
+  CliResult r = run({"bench", "p.yaml", "--steps", "40", "--warmup", "2", "--repeat", "1",
+                     "--workers", "auto", "--prefetch", "auto"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("\nautotune: workers: auto → [0-9]+, prefetch "
+                                                  "depth: auto → [0-9]+ \\([0-9]+ changes\\)\n")))
+      << r.out;
+  // Without auto, no such line; a bad value is a usage error.
+  r = run({"bench", "p.yaml", "--steps", "5", "--warmup", "0", "--repeat", "1", "--workers", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("autotune:"), std::string::npos) << r.out;
+  EXPECT_EQ(run({"bench", "p.yaml", "--workers", "many"}).status, 2);
+}
+
 TEST_F(Cli, BenchTraceShowsTheNodeTheVerdictNames) {
   CliResult r = run(
       {"bench", "p.yaml", "--steps", "200", "--warmup", "0", "--repeat", "1", "--trace", "t.json"});

@@ -380,8 +380,9 @@ TEST(PipelineBuilder, ChecksNodeOrder) {
                "'shuffle' must come before any map, filter or pack and before batch");
   expect_error([&] { Pipeline::Builder().batch({.size = 0}); },
                "batch.size: 0 is out of range (must be at least 1)");
-  expect_error([&] { Pipeline::Builder().prefetch({.depth = 0}); },
-               "prefetch.depth: 0 is out of range (must be between 1 and 4096)");
+  // (.depth = 0 is kAuto: tuned while running, graph/autotune.h.)
+  expect_error([&] { Pipeline::Builder().prefetch({.depth = 5000}); },
+               "prefetch.depth: 5000 is out of range (must be between 1 and 4096)");
 }
 
 }  // namespace

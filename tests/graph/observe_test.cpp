@@ -14,6 +14,7 @@
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/metrics.h"
 #include "flowstate/graph/trace.h"
+#include "flowstate/nodes/mix.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -268,6 +269,41 @@ TEST_F(Observe, StatsAndTracingNeverChangeTheBatches) {
     while (auto b = loader.next()) traced.push_back(b->digest());
   }
   EXPECT_EQ(plain, traced);
+}
+
+TEST(ObserveMix, EveryInputNodeCountsItsPulls) {
+  TempDir dir;
+  const std::string a = testing::write_records(dir / "a", 200, 16, 2);
+  const std::string b = testing::write_records(dir / "b", 300, 16, 2);
+  auto input = [](const std::string& glob, bool shuffle) {
+    Pipeline::Builder p;
+    p.records({.paths = {glob}, .record_bytes = 16});
+    if (shuffle) p.shuffle({.mode = ShuffleMode::kGlobal});
+    return p.build_input();
+  };
+  Loader l(Pipeline::Builder()
+               .seed(3)
+               .mix({input(a, true), input(b, false)}, {.weights = {1, 1}})
+               .batch({.size = 10})
+               .build(),
+           {.epochs = 1});
+  std::uint64_t samples = 0;
+  while (auto batch = l.next()) samples += batch->info.num_samples;
+  const LoaderStats s = l.stats();
+  std::map<std::string, const LoaderStats::Node*> by_name;
+  for (const auto& n : s.nodes) by_name[n.name] = &n;
+  // The mix pulls each input's last node (mix[0]/shuffle, mix[1]/records). (mix[0]/records
+  // is read by its global shuffle through at(), which is not timed: it counts as the
+  // shuffle's.)
+  for (const char* name : {"mix[0]/shuffle", "mix[1]/records"}) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_GT(by_name[name]->calls, 0u) << name;
+    EXPECT_GT(by_name[name]->items, 0u) << name;
+  }
+  // Every sample the mix emitted came out of one of its inputs' last nodes.
+  EXPECT_EQ(by_name["mix[0]/shuffle"]->items + by_name["mix[1]/records"]->items,
+            by_name["mix"]->items);
+  EXPECT_EQ(by_name["mix"]->items, samples);
 }
 
 }  // namespace
