@@ -332,21 +332,21 @@ void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes*
     times->stages.assign(stage_count(), AssemblyTimes::Stage{});
   }
   const std::size_t n = plan.info.refs.size();
-  bool gathered = false;
-  if (sample_stages_.empty() && options_.collate == CollateMode::kStack && !options_.user_collate) {
-    // A store that assembles its records from pieces (pack) writes them into the batch.
+  // A store that assembles its records from pieces (pack's rows) writes them into the batch.
+  auto store_gathered = [&] {
+    if (!sample_stages_.empty() || options_.collate != CollateMode::kStack || options_.user_collate)
+      return false;
     try {
-      gathered = store_->gather(plan.info.refs, *pool_, batch.fields);
+      if (!store_->gather(plan.info.refs, *pool_, batch.fields)) return false;
     } catch (...) {
       rethrow_with_node(std::current_exception(), store_name_);
     }
-    if (gathered) {
-      batch.info = std::move(plan.info);
-      batch.stamp = std::move(plan.stamp);
-      mark(0, n, batch_field_bytes(batch));
-    }
-  }
-  if (gathered) {
+    batch.info = std::move(plan.info);
+    batch.stamp = std::move(plan.stamp);
+    return true;
+  };
+  if (store_gathered()) {
+    mark(0, n, batch_field_bytes(batch));
   } else if (sample_stages_.empty() && store_->record_bytes() > 0 &&
              options_.collate == CollateMode::kStack) {
     try {
