@@ -316,20 +316,24 @@ TEST(FLOWSTATE_CUDA_SUITE, BatchOutlivesTheNode) {
   EXPECT_TRUE(has_pattern(out["data"], 3));
 }
 
+/// Records shuffled and batched by 32, copied to cuda:0 when `copy`: the pipeline whose
+/// device run is compared with its host run.
+Pipeline shuffled_records(const std::string& glob, bool copy) {
+  Pipeline::Builder b;
+  b.seed(5)
+      .records({.paths = {glob}, .record_bytes = 64})
+      .shuffle({.mode = ShuffleMode::kBuffer, .size = 100})
+      .batch({.size = 32})
+      .prefetch({.depth = 3});
+  if (copy) b.device_copy({.device = "cuda:0"});
+  return b.build();
+}
+
 TEST(FLOWSTATE_CUDA_SUITE, LoaderDeliversDeviceBatchesMatchingAHostRun) {
   FLOWSTATE_REQUIRE_DEVICE();
   testing::TempDir dir;
   auto glob = testing::write_records(dir.str(), 500, 64, 4);
-  auto make = [&](bool copy) {
-    Pipeline::Builder b;
-    b.seed(5)
-        .records({.paths = {glob}, .record_bytes = 64})
-        .shuffle({.mode = ShuffleMode::kBuffer, .size = 100})
-        .batch({.size = 32})
-        .prefetch({.depth = 3});
-    if (copy) b.device_copy({.device = "cuda:0"});
-    return b.build();
-  };
+  auto make = [&](bool copy) { return shuffled_records(glob, copy); };
   Loader host(make(false), {.epochs = 2});
   std::vector<testing::BatchTrace> expect = testing::drain(host);
   ASSERT_EQ(expect.size(), 2u * 16u);
@@ -533,16 +537,7 @@ TEST(FLOWSTATE_CUDA_SUITE, LoaderHandsBatchesOverToTheConsumersStream) {
   FLOWSTATE_REQUIRE_DEVICE();
   testing::TempDir dir;
   auto glob = testing::write_records(dir.str(), 500, 64, 4);
-  auto make = [&](bool copy) {
-    Pipeline::Builder b;
-    b.seed(5)
-        .records({.paths = {glob}, .record_bytes = 64})
-        .shuffle({.mode = ShuffleMode::kBuffer, .size = 100})
-        .batch({.size = 32})
-        .prefetch({.depth = 3});
-    if (copy) b.device_copy({.device = "cuda:0"});
-    return b.build();
-  };
+  auto make = [&](bool copy) { return shuffled_records(glob, copy); };
   Loader host(make(false), {.epochs = 2});
   std::vector<testing::BatchTrace> expect = testing::drain(host);
   ASSERT_EQ(expect.size(), 2u * 16u);
