@@ -239,6 +239,14 @@ class MappedReader final : public SampleReader {
   std::vector<SampleStage> stages_;
 };
 
+/// True when `reader` reads `store`'s records as they are, with no per-sample map between them:
+/// then the store's view of a record (RecordStore::view) is the sample that a node at the
+/// reader's position (filter, pack, a mix input) sees.
+inline bool reads_store_unmapped(const SampleReader* reader, const RecordStore* store) {
+  const auto* mapped = dynamic_cast<const MappedReader*>(reader);
+  return mapped != nullptr && !mapped->has_maps() && mapped->store() == store;
+}
+
 /// Where BatchAssembler::assemble spent one batch's time, stage by stage, for the runtime's
 /// accounting and trace. Stages: 0 reading the store's records (with the fast path's gather
 /// into the batch), 1..k the per-sample maps in order, k+1 collation (the batch node), then

@@ -16,9 +16,7 @@ const NodeDef& filter_node() {
       [](BuildContext& ctx, const FilterOptions& o) {
         const SampleReader* reader = ctx.reader();
         // Without maps before it, the filter sees the store's records: a view is the sample.
-        const auto* mapped = dynamic_cast<const MappedReader*>(reader);
-        const bool direct =
-            mapped != nullptr && !mapped->has_maps() && mapped->store() == ctx.store();
+        const bool direct = reads_store_unmapped(reader, ctx.store());
         ctx.add(std::make_unique<FilterNode>(ctx.name(), o.fn, ctx.key(), reader, ctx.store(),
                                              ctx.parallel_for(),
                                              direct ? o.by_length : std::nullopt));

@@ -114,10 +114,8 @@ MixNode::MixNode(std::string name, MixOptions options, std::uint64_t key,
       inputs_(std::move(inputs)) {
   state_.resize(inputs_.size());
   state_.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
-  for (const MixInput& in : inputs_) {
-    const auto* mapped = dynamic_cast<const MappedReader*>(in.reader.get());
-    viewable_.push_back(mapped != nullptr && !mapped->has_maps() && mapped->store() == in.store);
-  }
+  for (const MixInput& in : inputs_)
+    viewable_.push_back(reads_store_unmapped(in.reader.get(), in.store));
 }
 
 void MixNode::connect(SpineNode* upstream) {

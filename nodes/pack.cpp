@@ -20,9 +20,7 @@ const NodeDef& pack_node() {
       [](BuildContext& ctx, const PackOptions& o) {
         const SampleReader* reader = ctx.reader();
         // No map between the store and pack: documents can be planned from store views.
-        const auto* mapped = dynamic_cast<const MappedReader*>(reader);
-        const bool direct =
-            mapped != nullptr && !mapped->has_maps() && mapped->store() == ctx.store();
+        const bool direct = reads_store_unmapped(reader, ctx.store());
         auto pack =
             std::make_unique<PackNode>(ctx.name(), o, reader, ctx.store(), ctx.source_id(), direct);
         const RecordStore* store = pack.get();
