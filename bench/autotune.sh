@@ -5,21 +5,28 @@
 # settings), and prints each setting's median samples/s, the best hand-picked one, and
 # auto / best (ratio of medians, and the median of the per-round ratios).
 #
-#   bench/autotune.sh BUILD [--rounds N] [--data DIR] [--workers "1 2 3 4"] [--prefetch "2 4 8"]
-#                     [--out FILE] -- MODE [ARGS...]
+# The grid's best is the largest of many noisy medians, so it is biased upwards (the winner's
+# curse): on a shared machine one cell's lucky rounds make it "the best". So a confirmation
+# follows: --confirm N more rounds (default: --rounds) of only the best cell and auto,
+# alternating which goes first, and auto / best from those rounds is the verdict.
+#
+#   bench/autotune.sh BUILD [--rounds N] [--confirm N] [--data DIR] [--workers "1 2 3 4"]
+#                     [--prefetch "2 4 8"] [--out FILE] -- MODE [ARGS...]
 #   bench/autotune.sh build/release --rounds 5 -- throughput
 #   bench/autotune.sh build/release --rounds 5 -- map --map-rounds 2
 #
 # BUILD is a build directory (its bench/w1_flowstate is run) or the binary itself. --out keeps
-# the raw lines ("W D ROUND JSON"), appended; `--summary FILE...` prints the summary of such
-# files pooled (rounds of the same setting from several runs count as more rounds).
+# the raw lines ("W D ROUND JSON"), appended (the confirmation's to FILE.confirm);
+# `--summary FILE...` prints the summary of such files pooled (rounds of the same setting from
+# several runs count as more rounds).
 set -euo pipefail
-[[ $# -ge 1 ]] || { sed -n '2,13p' "$0"; exit 2; }
+[[ $# -ge 1 ]] || { sed -n '2,21p' "$0"; exit 2; }
 exe=$1; [[ -d "$exe" ]] && exe="$exe/bench/w1_flowstate"; shift
-rounds=5 data=/tmp/flowstate-w1 workers="1 2 3 4" prefetch="2 4 8" keep="" summary=()
+rounds=5 confirm="" data=/tmp/flowstate-w1 workers="1 2 3 4" prefetch="2 4 8" keep="" summary=()
 while [[ $# -gt 0 && "$1" != "--" ]]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
+    --confirm) confirm=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --prefetch) prefetch=$2; shift 2 ;;
@@ -74,4 +81,31 @@ for ((r = 0; r < rounds; r++)); do
   done
 done
 [[ -n "$keep" ]] && cat "$out" >>"$keep"
+echo "== the grid (${rounds} rounds)"
 summarize "$out"
+# The confirmation: the grid's best cell against auto, fresh rounds.
+read -r bw bd < <(/usr/bin/python3 - "$out" <<'PY'
+import json, statistics, sys
+v = {}
+for line in open(sys.argv[1]):
+    w, d, r, js = line.split(" ", 3)
+    if w != "auto":
+        v.setdefault((w, d), []).append(json.loads(js)["samples_per_s"])
+best = max(v, key=lambda k: statistics.median(v[k]))
+print(*best)
+PY
+)
+confirm=${confirm:-$rounds}
+out2=$(mktemp)
+trap 'rm -f "$out" "$out2"' EXIT
+for ((r = 0; r < confirm; r++)); do
+  pair=("$bw $bd" "auto auto")
+  ((r % 2 == 1)) && pair=("auto auto" "$bw $bd")
+  for s in "${pair[@]}"; do
+    read -r w d <<<"$s"
+    echo "$w $d $r $("$exe" --data "$data" "$@" --workers "$w" --prefetch "$d" | tail -n 1)" >>"$out2"
+  done
+done
+[[ -n "$keep" ]] && cat "$out2" >>"$keep.confirm"
+echo "== the confirmation: workers $bw prefetch $bd against auto (${confirm} rounds)"
+summarize "$out2"

@@ -5,6 +5,7 @@
 //
 //   w2_flowstate --data DIR throughput --workers 2 --epochs 1   tokens/s over whole epochs
 //   w2_flowstate --data DIR restore --rounds 3                  first batch: scratch vs 50%
+//   w2_flowstate --data DIR spine --epochs 1                    the serial planning alone
 //
 // DIR holds the data set (`flowstate gen indexed --out DIR/corpus --docs 200000`).
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "flowstate/graph/loader.h"
+#include "flowstate/graph/spine.h"
 #include "flowstate/nodes/sources/indexed.h"
 
 using nlohmann::json;
@@ -37,7 +39,7 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "w2_flowstate: %s\nusage: w2_flowstate --data DIR {throughput|restore} "
+               "w2_flowstate: %s\nusage: w2_flowstate --data DIR {throughput|restore|spine} "
                "[--workers W] [--epochs N] [--rounds N] [--doc-ids] [--label S]\n",
                why.c_str());
   std::exit(2);
@@ -122,6 +124,28 @@ void throughput(const Args& a) {
        a);
 }
 
+// The spine alone on this thread (shuffle, pack's row planning from the index, the batch
+// planner and its stamps; no assembly, no threads): what the serial part can plan, the bound
+// on the whole pipeline's rate.
+void spine(const Args& a) {
+  const auto t0 = Clock::now();
+  Spine sp(w2(a), a.epochs);
+  std::uint64_t rows = 0, batches = 0;
+  while (auto plan = sp.next()) {
+    rows += plan->info.refs.size();
+    ++batches;
+    sp.store()->release(plan->info.refs);  // as the assembler does, once a batch is made
+  }
+  const double s = since(t0);
+  emit({{"what", "w2_spine"},
+        {"tokens_per_s", static_cast<double>(rows * kLength) / s},
+        {"us_per_batch", s * 1e6 / static_cast<double>(std::max<std::uint64_t>(batches, 1))},
+        {"batches", batches},
+        {"epochs", a.epochs},
+        {"seconds", s}},
+       a);
+}
+
 // The first batch of a fresh Loader from scratch, and after load_state at 50% of the epoch
 // (the state taken by a run that consumed half the epoch's batches).
 void restore(const Args& a) {
@@ -171,6 +195,8 @@ int main(int argc, char** argv) {
       throughput(a);
     else if (a.mode == "restore")
       restore(a);
+    else if (a.mode == "spine")
+      spine(a);
     else
       usage("unknown mode " + a.mode);
   } catch (const std::exception& e) {

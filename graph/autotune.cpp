@@ -52,7 +52,8 @@ AutotuneSetting Autotuner::start_trial(Move move, AutotuneSetting next, double r
 }
 
 AutotuneSetting Autotuner::update(const AutotuneSample& s) {
-  for (int* block : {&workers_up_block_, &workers_down_block_, &depth_up_block_})
+  for (int* block :
+       {&workers_up_block_, &workers_down_block_, &depth_up_block_, &depth_down_block_})
     if (*block > 0) --*block;
 
   // The memory budget first: a cut is forced, and ends any trial.
@@ -91,8 +92,9 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
     const Move move = trial_;
     trial_ = Move::kNone;
     const double gain = move == Move::kDepthUp ? tuning_.depth_gain : tuning_.gain;
-    const bool keep = move == Move::kWorkersDown ? rate >= before_rate_ * (1 - tuning_.loss)
-                                                 : rate >= before_rate_ * (1 + gain);
+    const bool down = move == Move::kWorkersDown || move == Move::kDepthDown;
+    const bool keep =
+        down ? rate >= before_rate_ * (1 - tuning_.loss) : rate >= before_rate_ * (1 + gain);
     if (keep) {
       reason_ = "kept: throughput " + std::to_string(rate / before_rate_) + "x";
       return current_;
@@ -110,6 +112,9 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
         break;
       case Move::kDepthUp:
         depth_up_block_ = tuning_.cooldown;
+        break;
+      case Move::kDepthDown:
+        depth_down_block_ = tuning_.cooldown;
         break;
       case Move::kNone:
         break;
@@ -152,14 +157,20 @@ AutotuneSetting Autotuner::update(const AutotuneSample& s) {
       if (fits(next, s.batch_bytes))
         return start_trial(Move::kWorkersUp, next, rate, "workers up: the consumer still waits");
     }
-  } else if (s.consumer_wait < tuning_.wait_low && limits_.workers && workers_down_block_ == 0 &&
-             w > 1) {
+  } else if (s.consumer_wait < tuning_.wait_low) {
     // The graph keeps up: would one worker fewer still?
-    const double load = s.assemble_busy * w / (w - 1);
-    if (load <= tuning_.down_load) {
+    if (limits_.workers && workers_down_block_ == 0 && w > 1 &&
+        s.assemble_busy * w / (w - 1) <= tuning_.down_load) {
       AutotuneSetting next = current_;
       --next.workers;
       return start_trial(Move::kWorkersDown, next, rate, "workers down: they idle");
+    }
+    // A queue deepened for bursts the consumer no longer waits on holds memory for nothing:
+    // halve it (not below min_depth), kept unless that costs throughput.
+    if (limits_.depth && depth_down_block_ == 0 && current_.depth > tuning_.min_depth) {
+      AutotuneSetting next = current_;
+      next.depth = std::max(tuning_.min_depth, current_.depth / 2);
+      return start_trial(Move::kDepthDown, next, rate, "depth down: the consumer never waits");
     }
   }
   reason_ = "kept: nothing to change";

@@ -16,6 +16,8 @@
 //     full load (a step down must not lower the throughput);
 //   - depth up: the consumer waits although the workers have idle time (the batches come in
 //     bursts: a deeper queue absorbs them); and when that did not pay either, a worker more;
+//   - depth down: the consumer never waits and no worker can go: a queue deepened earlier
+//     is halved back towards the start depth (it holds memory), unless that costs throughput;
 //   - and always (workers + depth) × batch bytes ≤ the memory budget: batches in flight are
 //     what the setting costs in memory.
 //
@@ -72,6 +74,7 @@ class Autotuner {
     /// flight leave it before the consumer reads them), so only a clear win keeps it.
     double depth_gain = 0.10;
     double loss = 0.05;             ///< a step down may lower it by at most this share
+    std::size_t min_depth = 4;      ///< a step down of the depth stops here (the start depth)
     int cooldown = 20;              ///< intervals before a failed step is tried again
     std::uint64_t min_batches = 4;  ///< intervals with fewer batches are not judged
     /// Intervals measured at a setting before a move from it (their mean throughput is what
@@ -94,7 +97,7 @@ class Autotuner {
   std::uint64_t changes() const { return changes_; }
 
  private:
-  enum class Move : std::uint8_t { kNone, kWorkersUp, kWorkersDown, kDepthUp };
+  enum class Move : std::uint8_t { kNone, kWorkersUp, kWorkersDown, kDepthUp, kDepthDown };
   /// The largest depth that fits the memory budget with `workers` (at least 1).
   std::size_t depth_cap(int workers, std::uint64_t batch_bytes) const;
   bool fits(AutotuneSetting s, std::uint64_t batch_bytes) const;
@@ -111,7 +114,7 @@ class Autotuner {
   AutotuneSetting before_;
   double before_rate_ = 0;
   // Moves that did not pay, and how many intervals until they may be tried again.
-  int workers_up_block_ = 0, workers_down_block_ = 0, depth_up_block_ = 0;
+  int workers_up_block_ = 0, workers_down_block_ = 0, depth_up_block_ = 0, depth_down_block_ = 0;
   std::uint64_t changes_ = 0;
   std::string reason_;
 };

@@ -86,7 +86,12 @@ std::vector<NodeReport> node_delta(const LoaderStats& before, const LoaderStats&
     r.spine_s = s(a.spine_ns, b.spine_ns);
     r.assemble_s = s(a.assemble_ns, b.assemble_ns);
     r.deliver_s = s(a.deliver_ns, b.deliver_ns);
-    r.utilization = wall_s > 0 ? r.busy_s / (wall_s * std::max(1, a.threads)) : 0;
+    // A node may work in two stages (pack plans rows in the spine and gathers them in the
+    // workers): its load is that of the stage it loads most, each over its own threads.
+    if (wall_s > 0)
+      r.utilization =
+          std::max({r.spine_s / wall_s, r.assemble_s / (wall_s * std::max(1, after.workers)),
+                    r.deliver_s / wall_s});
     r.wait_input_s = s(a.wait_input_ns, b.wait_input_ns);
     r.wait_output_s = s(a.wait_output_ns, b.wait_output_ns);
     out.push_back(std::move(r));

@@ -56,7 +56,7 @@ struct NodeReport {
   std::uint64_t calls = 0, items = 0, bytes = 0;
   double busy_s = 0;                                  ///< own time, all stages
   double spine_s = 0, assemble_s = 0, deliver_s = 0;  ///< busy_s by stage
-  double utilization = 0;                             ///< busy_s / (wall seconds x threads)
+  double utilization = 0;  ///< the busiest stage's share: its time / (wall × its threads)
   double wait_input_s = 0, wait_output_s = 0;
 };
 

@@ -114,7 +114,11 @@ struct LoaderStats {
   /// next() calls that found every in-flight slot filled with ready batches: the consumer
   /// was the bottleneck (the graph waited on its output).
   std::uint64_t graph_waits = 0;
-  std::size_t in_flight_limit = 0;  ///< batches in flight at most
+  std::size_t in_flight_limit = 0;  ///< messages (groups of batches) in flight at most
+  /// Graph messages so far: cheap batches travel several to a message, so that the thread
+  /// hand-offs do not cost more than the batches (docs/DECISIONS.md "The spine and the
+  /// parallel stage"); a batch that costs more than ~200 µs travels alone.
+  std::uint64_t messages = 0;
   /// Batch-assembly workers and prefetch depth now; with `auto` they are the tuner's latest
   /// choice (graph/autotune.h) and change while running.
   int workers = 0;

@@ -112,13 +112,13 @@ class Loader::Runtime {
       // Slots: batches being assembled, waiting for order, and waiting for the consumer.
       const std::size_t max_in_flight = max_depth_ + static_cast<std::size_t>(max_workers_);
       limiter_ = std::make_unique<LimiterSlots::Node>(*graph_, max_in_flight);
-      work_ = std::make_unique<flow::function_node<PlanMsg, ItemMsg>>(
+      work_ = std::make_unique<flow::function_node<PlanMsg, GroupMsg>>(
           *graph_, static_cast<std::size_t>(max_workers_),
           [this](const PlanMsg& m) { return assemble(m); });
-      order_ = std::make_unique<flow::sequencer_node<ItemMsg>>(
-          *graph_, [](const ItemMsg& m) { return static_cast<std::size_t>(m.seq); });
-      sink_ = std::make_unique<flow::function_node<ItemMsg, flow::continue_msg>>(
-          *graph_, flow::serial, [this](const ItemMsg& m) {
+      order_ = std::make_unique<flow::sequencer_node<GroupMsg>>(
+          *graph_, [](const GroupMsg& m) { return static_cast<std::size_t>(m.seq); });
+      sink_ = std::make_unique<flow::function_node<GroupMsg, flow::continue_msg>>(
+          *graph_, flow::serial, [this](const GroupMsg& m) {
             deliver(m);
             return flow::continue_msg();
           });
@@ -199,6 +199,7 @@ class Loader::Runtime {
     s.consumer_wait_ns = consumer_wait_ns_;
     s.graph_waits = graph_waits_;
     s.in_flight_limit = in_flight_target();
+    s.messages = messages_.load(std::memory_order_relaxed);
     s.workers = workers;
     s.prefetch_depth = depth_.load(std::memory_order_relaxed);
     s.workers_auto = auto_workers_;
@@ -227,18 +228,14 @@ class Loader::Runtime {
           const auto step = front.batch ? static_cast<std::int64_t>(front.batch->info.step) : -1;
           tracer_->span(Tracer::kConsumer, consumer_wait_name_, t0, t1, step);
         }
-      } else if (queue_.size() >= in_flight_target()) {
+      } else if (groups_ready_ >= in_flight_target()) {
         ++graph_waits_;
       }
       m = std::move(queue_.front());
       queue_.pop_front();
+      if (m.last_of_group) --groups_ready_;
     }
     if (m.batch) {
-      if (tuner_) {
-        std::uint64_t bytes = 0;
-        for (const auto& [id, t] : m.batch->fields) bytes += t.nbytes();
-        max_batch_bytes_ = std::max(max_batch_bytes_, bytes);
-      }
       const std::uint64_t taken = taken_.fetch_add(1, std::memory_order_relaxed) + 1;
       if (tracer_ != nullptr)
         tracer_->counter(in_flight_name_, stats_now_ns(),
@@ -247,7 +244,7 @@ class Loader::Runtime {
     // Not through arena_.execute: an external thread that finds every arena slot busy would
     // wait for a worker to run the call. A try_put from outside submits its task to the
     // graph's arena and returns.
-    in_flight_slots_.release();
+    if (m.last_of_group) in_flight_slots_.release();
     return m;
   }
 
@@ -294,7 +291,9 @@ class Loader::Runtime {
         AutotuneSample s;
         s.seconds = dt * 1e-9;
         s.batches = taken - tune_taken_;
-        s.batch_bytes = max_batch_bytes_;
+        // A slot in flight holds a group of batches.
+        s.batch_bytes =
+            batch_bytes_.load(std::memory_order_relaxed) * group_.load(std::memory_order_relaxed);
         s.assemble_busy = static_cast<double>(work_ns - tune_work_ns_) /
                           (dt * workers_.load(std::memory_order_relaxed));
         s.spine_busy = static_cast<double>(spine_ns - tune_spine_ns_) / dt;
@@ -320,27 +319,36 @@ class Loader::Runtime {
       fc.stop();
       return {};
     }
-    const StageTimer timer(spine_ns_, spine_items_, &last_plan_end_ns_);
+    StageTimer timer(spine_ns_, spine_items_, &last_plan_end_ns_);
+    timer.count = 0;
     const std::int64_t begin_ns = stats_now_ns();
     // Between two plans the spine waited on the in-flight limit.
     if (last_plan_end_ns_ != 0)
       spine_blocked_ns_.fetch_add(static_cast<std::uint64_t>(begin_ns - last_plan_end_ns_),
                                   std::memory_order_relaxed);
-    if (tracer_ != nullptr) {
-      spine_before_.clear();
-      for (const auto& n : stats_.nodes()) spine_before_.push_back(n.busy(NodeStage::kSpine));
-    }
     PlanMsg m;
     m.seq = seq_++;
+    messages_.fetch_add(1, std::memory_order_relaxed);
+    m.plans = std::make_shared<std::vector<BatchPlan>>();
+    const std::size_t k = next_group_size();
+    m.plans->reserve(k);
     try {
-      std::optional<BatchPlan> plan = spine_.next();
-      if (plan) {
+      while (m.plans->size() < k) {
+        const std::int64_t plan_begin_ns = m.plans->empty() ? begin_ns : stats_now_ns();
+        if (tracer_ != nullptr) {
+          spine_before_.clear();
+          for (const auto& n : stats_.nodes()) spine_before_.push_back(n.busy(NodeStage::kSpine));
+        }
+        std::optional<BatchPlan> plan = spine_.next();
+        if (!plan) {
+          m.end = true;
+          done_ = true;
+          break;
+        }
         const std::uint64_t planned = planned_.fetch_add(1, std::memory_order_relaxed) + 1;
-        if (tracer_ != nullptr) trace_plan(*plan, begin_ns, planned);
-        m.plan = std::make_shared<BatchPlan>(std::move(*plan));
-      } else {
-        m.end = true;
-        done_ = true;
+        if (tracer_ != nullptr) trace_plan(*plan, plan_begin_ns, planned);
+        m.plans->push_back(std::move(*plan));
+        ++timer.count;
       }
     } catch (...) {
       try {
@@ -351,6 +359,20 @@ class Loader::Runtime {
       done_ = true;
     }
     return m;
+  }
+
+  /// The size of the next group, from the batches' measured cost so far (group_size()).
+  std::size_t next_group_size() {
+    const std::uint64_t plans = spine_items_.load(std::memory_order_relaxed);
+    const std::uint64_t batches = work_items_.load(std::memory_order_relaxed);
+    std::size_t k = 1;
+    if (plans > 0 && batches > 0) {
+      const std::uint64_t per_batch = spine_ns_.load(std::memory_order_relaxed) / plans +
+                                      work_ns_.load(std::memory_order_relaxed) / batches;
+      k = group_size(per_batch, batch_bytes_.load(std::memory_order_relaxed));
+    }
+    group_.store(k, std::memory_order_relaxed);
+    return k;
   }
 
   /// A span per spine node for the batch just planned: the node's own time in it. Spine nodes
@@ -383,30 +405,59 @@ class Loader::Runtime {
     tracer_->add(events.data(), events.size());
   }
 
-  ItemMsg assemble(const PlanMsg& m) {
-    // With tuned workers, the plan holds a gate slot until its batch is made.
+  GroupMsg assemble(const PlanMsg& m) {
+    // With tuned workers, the group holds a gate slot until its batches are made.
     struct Gate {
       Runtime* rt;
       ~Gate() {
         if (rt->auto_workers_) rt->gate_slots_.release();
       }
     } gate{this};
-    ItemMsg out;
+    GroupMsg out;
     out.seq = m.seq;
-    out.end = m.end;
-    out.error = m.error;
-    if (!m.plan || stopping_.load()) return out;
-    const StageTimer timer(work_ns_, work_items_);
-    thread_local AssemblyTimes times;
-    const auto step = static_cast<std::int64_t>(m.plan->info.step);
-    const auto epoch = static_cast<std::int64_t>(m.plan->info.epoch);
-    try {
-      out.batch = std::make_shared<Batch>(
-          assembler_->assemble(std::move(*m.plan), node_stats_ ? &times : nullptr));
-    } catch (...) {
-      out.error = std::current_exception();
-      return out;
+    out.items = std::make_shared<std::vector<ItemMsg>>();
+    std::vector<ItemMsg>& items = *out.items;
+    bool failed = false;
+    if (m.plans && !m.plans->empty() && !stopping_.load()) {
+      items.reserve(m.plans->size() + 1);
+      StageTimer timer(work_ns_, work_items_);
+      timer.count = 0;
+      for (BatchPlan& plan : *m.plans) {
+        if (stopping_.load()) break;
+        ItemMsg item;
+        try {
+          item.batch = assemble_one(std::move(plan));
+        } catch (...) {
+          item.error = std::current_exception();
+          failed = true;
+        }
+        items.push_back(std::move(item));
+        if (failed) break;
+        ++timer.count;
+      }
     }
+    if (!failed && (m.error || m.end)) {
+      ItemMsg tail;
+      tail.error = m.error;
+      tail.end = m.end;
+      items.push_back(std::move(tail));
+    }
+    if (items.empty()) items.emplace_back();  // nothing to take but the slot
+    items.back().last_of_group = true;
+    return out;
+  }
+
+  /// One batch of a group, with its stages' counts and trace spans.
+  std::shared_ptr<Batch> assemble_one(BatchPlan plan) {
+    thread_local AssemblyTimes times;
+    const auto step = static_cast<std::int64_t>(plan.info.step);
+    const auto epoch = static_cast<std::int64_t>(plan.info.epoch);
+    auto batch = std::make_shared<Batch>(
+        assembler_->assemble(std::move(plan), node_stats_ ? &times : nullptr));
+    std::uint64_t bytes = 0;
+    for (const auto& [id, t] : batch->fields) bytes += t.nbytes();
+    if (bytes > batch_bytes_.load(std::memory_order_relaxed))
+      batch_bytes_.store(bytes, std::memory_order_relaxed);  // a size estimate: races are fine
     const std::uint32_t track = tracer_ != nullptr ? tracer_->worker_track() : 0;
     Tracer::Event events[16];
     std::size_t n_events = 0;
@@ -431,44 +482,50 @@ class Loader::Runtime {
       }
     }
     if (n_events > 0) tracer_->add(events, n_events);
-    return out;
+    return batch;
   }
 
-  void deliver(const ItemMsg& m) {
+  void deliver(const GroupMsg& g) {
     auto t0 = Clock::now();
-    ItemMsg out = m;
-    if (device_ && out.batch && !stopping_.load()) {
-      try {
-        const std::int64_t c0 = stats_now_ns();
-        const auto step = static_cast<std::int64_t>(out.batch->info.step);
-        const auto epoch = static_cast<std::int64_t>(out.batch->info.epoch);
-        const std::uint64_t samples = out.batch->info.num_samples;
-        out.batch = std::make_shared<Batch>(device_->copy(std::move(*out.batch)));
-        const std::int64_t c1 = stats_now_ns();
-        if (device_node_ != nullptr) {
-          std::uint64_t bytes = 0;
-          for (const auto& [id, t] : out.batch->fields) bytes += t.nbytes();
-          device_node_->add(NodeStage::kDeliver, static_cast<std::uint64_t>(c1 - c0), samples,
-                            bytes);
-          if (tracer_ != nullptr)
-            tracer_->span(Tracer::kDeliver, device_node_->trace_id, c0, c1, step, epoch);
-        }
-      } catch (...) {
-        try {
-          rethrow_with_node(std::current_exception(), "device_copy");
-        } catch (...) {
-          out.error = std::current_exception();
-          out.batch.reset();
-        }
-      }
+    std::uint64_t batches = 0;
+    for (ItemMsg& out : *g.items) {
+      if (!out.batch) continue;
+      ++batches;
+      if (device_ && !stopping_.load()) copy_to_device(out);
     }
     {
       std::lock_guard lock(mu_);
-      queue_.push_back(std::move(out));
+      for (ItemMsg& out : *g.items) queue_.push_back(std::move(out));
+      ++groups_ready_;
     }
     ready_.notify_one();
     deliver_ns_ += elapsed_ns(t0);
-    ++deliver_items_;
+    deliver_items_ += batches;
+  }
+
+  void copy_to_device(ItemMsg& out) {
+    try {
+      const std::int64_t c0 = stats_now_ns();
+      const auto step = static_cast<std::int64_t>(out.batch->info.step);
+      const auto epoch = static_cast<std::int64_t>(out.batch->info.epoch);
+      const std::uint64_t samples = out.batch->info.num_samples;
+      out.batch = std::make_shared<Batch>(device_->copy(std::move(*out.batch)));
+      const std::int64_t c1 = stats_now_ns();
+      if (device_node_ != nullptr) {
+        std::uint64_t bytes = 0;
+        for (const auto& [id, t] : out.batch->fields) bytes += t.nbytes();
+        device_node_->add(NodeStage::kDeliver, static_cast<std::uint64_t>(c1 - c0), samples, bytes);
+        if (tracer_ != nullptr)
+          tracer_->span(Tracer::kDeliver, device_node_->trace_id, c0, c1, step, epoch);
+      }
+    } catch (...) {
+      try {
+        rethrow_with_node(std::current_exception(), "device_copy");
+      } catch (...) {
+        out.error = std::current_exception();
+        out.batch.reset();
+      }
+    }
   }
 
   Tracer* tracer_;
@@ -486,7 +543,6 @@ class Loader::Runtime {
   std::optional<Autotuner> tuner_;
   std::int64_t tune_interval_ns_ = 0, tune_last_ns_ = 0;
   std::uint64_t tune_work_ns_ = 0, tune_spine_ns_ = 0, tune_wait_ns_ = 0, tune_taken_ = 0;
-  std::uint64_t max_batch_bytes_ = 0;
   std::unique_ptr<DeviceCopy> device_;
   std::unique_ptr<BatchAssembler> assembler_;
   std::vector<NodeCounters*> assembly_nodes_;  ///< per AssemblyTimes stage (null: not counted)
@@ -500,9 +556,9 @@ class Loader::Runtime {
   std::unique_ptr<LimiterSlots::Node> limiter_;
   std::unique_ptr<flow::queue_node<PlanMsg>> plan_queue_;  ///< with tuned workers: before the gate
   std::unique_ptr<LimiterSlots::Node> gate_;  ///< with tuned workers: one slot a worker
-  std::unique_ptr<flow::function_node<PlanMsg, ItemMsg>> work_;
-  std::unique_ptr<flow::sequencer_node<ItemMsg>> order_;
-  std::unique_ptr<flow::function_node<ItemMsg, flow::continue_msg>> sink_;
+  std::unique_ptr<flow::function_node<PlanMsg, GroupMsg>> work_;
+  std::unique_ptr<flow::sequencer_node<GroupMsg>> order_;
+  std::unique_ptr<flow::function_node<GroupMsg, flow::continue_msg>> sink_;
 
   // Spine-side (input node, serial).
   std::uint64_t seq_ = 0;
@@ -513,6 +569,7 @@ class Loader::Runtime {
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<ItemMsg> queue_;
+  std::size_t groups_ready_ = 0;  ///< groups in queue_ (under mu_)
 
   // Stats: written by graph bodies (atomics) and by the consumer under mu_.
   std::atomic<std::uint64_t> spine_items_{0}, spine_ns_{0}, work_items_{0}, work_ns_{0},
@@ -523,6 +580,9 @@ class Loader::Runtime {
   std::int64_t last_plan_end_ns_ = 0;
   std::vector<std::uint64_t> spine_before_;
   std::atomic<std::uint64_t> spine_blocked_ns_{0}, planned_{0}, taken_{0};
+  std::atomic<std::uint64_t> messages_{0};     ///< seq_, for stats()
+  std::atomic<std::size_t> group_{1};          ///< batches in the latest group
+  std::atomic<std::uint64_t> batch_bytes_{0};  ///< largest batch so far, in bytes
 };
 
 }  // namespace flowstate

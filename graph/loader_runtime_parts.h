@@ -35,7 +35,8 @@ inline std::uint64_t elapsed_ns(Clock::time_point t0) {
 }
 
 /// A stage body's accounting on every way out of it: adds the time from construction to
-/// destruction to `ns` and one to `items`, and stamps `end_ns` (when given) with the end.
+/// destruction to `ns` and `count` (the batches it handled) to `items`, and stamps `end_ns`
+/// (when given) with the end.
 class StageTimer {
  public:
   StageTimer(std::atomic<std::uint64_t>& ns, std::atomic<std::uint64_t>& items,
@@ -43,11 +44,13 @@ class StageTimer {
       : ns_(ns), items_(items), end_ns_(end_ns) {}
   ~StageTimer() {
     ns_ += elapsed_ns(t0_);
-    ++items_;
+    items_ += count;
     if (end_ns_ != nullptr) *end_ns_ = stats_now_ns();
   }
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
+
+  std::uint64_t count = 1;
 
  private:
   std::atomic<std::uint64_t>& ns_;
@@ -56,21 +59,46 @@ class StageTimer {
   Clock::time_point t0_ = Clock::now();
 };
 
-/// A planned batch travelling through the graph, or the end marker, or a spine error.
+/// A group of consecutive planned batches travelling through the graph, then possibly the end
+/// marker or a spine error. Cheap batches travel several to a message so that the hand-offs
+/// between threads (a few tens of µs each on a loaded machine) do not cost more than the
+/// batches (see group_size()).
 struct PlanMsg {
-  std::uint64_t seq = 0;
-  std::shared_ptr<BatchPlan> plan;  // shared_ptr: TBB buffers copy messages
-  std::exception_ptr error;
-  bool end = false;
+  std::uint64_t seq = 0;                          ///< the group's, in planning order
+  std::shared_ptr<std::vector<BatchPlan>> plans;  // shared_ptr: TBB buffers copy messages
+  std::exception_ptr error;                       ///< after the plans
+  bool end = false;                               ///< after the plans
 };
 
-/// A finished batch (or end / error) in sequence order.
+/// One finished batch (or end / error), as the consumer takes it.
 struct ItemMsg {
-  std::uint64_t seq = 0;
   std::shared_ptr<Batch> batch;
   std::exception_ptr error;
   bool end = false;
+  bool last_of_group = false;  ///< taking it frees the group's in-flight slot
 };
+
+/// A finished group, in sequence order: its batches, then its end or error.
+struct GroupMsg {
+  std::uint64_t seq = 0;
+  std::shared_ptr<std::vector<ItemMsg>> items;
+};
+
+/// How many batches the spine plans into one message. Each message pays a fixed cost for its
+/// hand-offs (spine → worker → reorder → deliver → consumer, and the slot back); a group is
+/// made big enough that its work (`batch_ns` per batch, measured) is at least
+/// kGroupTargetNs, and small enough to stay under kGroupMaxBytes (`batch_bytes` per batch).
+/// Batches that cost more than the target travel alone. The schedule never changes the
+/// batches: groups are consecutive plans, each stamped as before.
+inline constexpr std::uint64_t kGroupTargetNs = 200'000;
+inline constexpr std::uint64_t kGroupMaxBytes = 4u << 20;
+inline constexpr std::size_t kGroupMax = 32;
+inline std::size_t group_size(std::uint64_t batch_ns, std::uint64_t batch_bytes) {
+  if (batch_ns == 0) return 1;  // nothing measured yet: the first batch goes alone
+  std::uint64_t k = kGroupTargetNs / batch_ns;
+  if (batch_bytes > 0) k = std::min<std::uint64_t>(k, kGroupMaxBytes / batch_bytes);
+  return static_cast<std::size_t>(std::clamp<std::uint64_t>(k, 1, kGroupMax));
+}
 
 /// Raises TBB's process-wide thread limit while any Loader needs more threads than the
 /// machine has cores. TBB applies the *smallest* of the active global_control limits, so all

@@ -125,6 +125,20 @@ PackNode::Document PackNode::load_document(const Ref& ref) {
 }
 
 std::size_t PackNode::pull(std::span<Ref> out) {
+  // The call's rows go in flight together: one lock for them all (the workers take it too).
+  planned_.clear();
+  struct Publish {
+    PackNode* pack;
+    std::span<Ref> out;
+    ~Publish() {
+      if (pack->planned_.empty()) return;
+      std::lock_guard lock(pack->mu_);
+      for (std::size_t i = 0; i < pack->planned_.size(); ++i)
+        pack->rows_.insert_or_assign(std::pair{out[i].shard, out[i].index},
+                                     std::move(pack->planned_[i]));
+      pack->planned_.clear();
+    }
+  } publish{this, out};
   std::size_t n = 0;
   while (n < out.size()) {
     Row row;
@@ -162,11 +176,7 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     }
     row.dtype = *dtype_;  // a row starts with tokens, so a document was seen
     const Ref ref{source_id_, static_cast<std::uint32_t>(state_.epoch), state_.rows++};
-    auto shared = std::make_shared<const Row>(std::move(row));
-    {
-      std::lock_guard lock(mu_);
-      rows_.insert_or_assign(std::pair{ref.shard, ref.index}, std::move(shared));
-    }
+    planned_.push_back(std::make_shared<const Row>(std::move(row)));
     out[n++] = ref;
   }
   return n;
@@ -178,6 +188,10 @@ std::span<const std::byte> PackNode::record(const Ref&) const {
 
 std::shared_ptr<const PackNode::Row> PackNode::find_row(const Ref& ref) const {
   std::lock_guard lock(mu_);
+  return find_row_locked(ref);
+}
+
+std::shared_ptr<const PackNode::Row> PackNode::find_row_locked(const Ref& ref) const {
   auto it = rows_.find({ref.shard, ref.index});
   if (it == rows_.end())
     throw Error("pack '" + name() + "': row " + std::to_string(ref.index) + " of epoch " +
@@ -234,7 +248,10 @@ bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& field
   if (refs.empty()) return false;
   std::vector<std::shared_ptr<const Row>> rows;
   rows.reserve(refs.size());
-  for (const Ref& r : refs) rows.push_back(find_row(r.record()));
+  {
+    std::lock_guard lock(mu_);
+    for (const Ref& r : refs) rows.push_back(find_row_locked(r.record()));
+  }
   const DType d = rows.front()->dtype;
   const std::size_t row_bytes = options_.length * dtype_size(d);
   auto buffer = pool.acquire(row_bytes * rows.size());

@@ -143,6 +143,7 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   }
   /// The planned row `ref` (shared: the spine may add rows meanwhile); throws when unknown.
   std::shared_ptr<const Row> find_row(const Ref& ref) const;
+  std::shared_ptr<const Row> find_row_locked(const Ref& ref) const;  ///< holding mu_
   /// Writes `row`'s tokens to `dst` (length elements) and, when set, its document ids.
   void fill(const Row& row, std::byte* dst, std::int32_t* ids) const;
 
@@ -156,6 +157,7 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   std::optional<DType> dtype_;  ///< of the first document read; every one must match
   Document carry_doc_;          ///< the tokens of state_.carry while has_carry
   bool upstream_done_ = false;  ///< the upstream's epoch has ended
+  std::vector<std::shared_ptr<const Row>> planned_;  ///< a pull's rows, until they go in flight
   // Rows planned and not yet released, by (epoch, row index) (read by parallel workers).
   mutable std::mutex mu_;
   mutable std::map<std::pair<std::uint32_t, std::uint64_t>, std::shared_ptr<const Row>> rows_;

@@ -102,6 +102,21 @@ TEST(Autotuner, DeepensThePrefetchWhenTheConsumerWaitsOnIdleWorkers) {
   EXPECT_EQ(t.setting().workers, 2);                                     // not tuned
 }
 
+TEST(Autotuner, HalvesADeepQueueTheConsumerNoLongerWaitsOnDownToTheStartDepth) {
+  AutotuneLimits l;
+  l.depth = true;
+  Autotuner t(l, {2, 16}, step_by_step());
+  EXPECT_EQ(t.update(interval(100, 0.5, 0.0)).depth, 8u) << t.reason();
+  EXPECT_EQ(t.update(interval(99, 0.5, 0.0)).depth, 8u) << t.reason();  // -1%: kept
+  EXPECT_EQ(t.update(interval(99, 0.5, 0.0)).depth, 4u) << t.reason();
+  EXPECT_EQ(t.update(interval(80, 0.5, 0.0)).depth, 8u) << t.reason();  // -20%: undone
+  for (int i = 0; i < 5; ++i)  // and not tried again at once
+    EXPECT_EQ(t.update(interval(99, 0.5, 0.0)).depth, 8u) << "interval " << i;
+  Autotuner at_start(l, {2, 4}, step_by_step());
+  EXPECT_EQ(at_start.update(interval(100, 0.5, 0.0)).depth, 4u) << at_start.reason();
+  EXPECT_EQ(at_start.changes(), 0u);
+}
+
 TEST(Autotuner, AsksMoreOfADeeperQueueThanOfAWorker) {
   AutotuneLimits l;
   l.depth = true;

@@ -73,6 +73,9 @@ class Countdown {
 
 /// Counts every next() of the producers below, to tell a replay from a load.
 std::atomic<std::uint64_t> g_next_calls{0};
+/// The index of the first value produced since it was last reset to kNoIndex.
+constexpr std::uint64_t kNoIndex = ~std::uint64_t{0};
+std::atomic<std::uint64_t> g_first_index{kNoIndex};
 
 /// Yields "e<epoch>-<i>" for i in [0, n); resumes through save/load.
 struct Names {
@@ -82,6 +85,8 @@ struct Names {
   std::optional<std::string> next() {
     ++g_next_calls;
     if (i == n) return std::nullopt;
+    std::uint64_t none = kNoIndex;
+    g_first_index.compare_exchange_strong(none, i);
     return "e" + std::to_string(epoch) + "-" + std::to_string(i++);
   }
   std::string save() const { return std::to_string(i); }
@@ -267,12 +272,17 @@ TEST(FromRange, ResumableProducerDoesNotReplay) {
   }
   Loader resumed(make(), {.workers = 1, .prefetch = 1});
   fr_test::g_next_calls = 0;
+  fr_test::g_first_index = fr_test::kNoIndex;
   resumed.load_state(state);
   auto b = resumed.next();
   ASSERT_TRUE(b);
   EXPECT_EQ(strings_of(*b).front(), "e0-500");
-  // The batch, the look-ahead and what the graph prepares ahead — never the 500 consumed.
-  EXPECT_LT(fr_test::g_next_calls.load(), 200u);
+  // The producer went on from 500: the 500 values consumed were never produced again.
+  EXPECT_EQ(fr_test::g_first_index.load(), 500u);
+  // What it produced: the batch, the look-ahead and what the graph prepares ahead (the two
+  // messages in flight and one the input node holds, each of at most 32 cheap batches,
+  // graph/loader_runtime_parts.h).
+  EXPECT_LE(fr_test::g_next_calls.load(), 10u + 3 * 32 * 10);
 }
 
 // A buffer shuffle of a forward-only source (StreamShuffleNode): every breakpoint of the
@@ -367,9 +377,9 @@ TEST(StreamShuffle, RestoreReproducesAFewBuffersNotTheEpochPrefix) {
   auto b = resumed.next();
   ASSERT_TRUE(b);
   EXPECT_EQ(strings_of(*b), expected);
-  // At most about four buffers re-produced (plus what the graph prepares ahead), never the
-  // 50 000 items consumed.
-  EXPECT_LT(fr_test::g_next_calls.load(), 1000u);
+  // At most about four buffers re-produced, plus what the graph prepares ahead (three
+  // messages of at most 32 cheap batches of 10), never the 50 000 items consumed.
+  EXPECT_LT(fr_test::g_next_calls.load(), 400u + 3 * 32 * 10 + 100);
 }
 
 TEST(StreamShuffle, InspectReadsItsState) {
@@ -833,7 +843,7 @@ TEST(FromRange, LoaderReleasesEveryValue) {
   // Values are held from pull() until their batch is assembled: a long run must not grow.
   SourceSpec spec = from_producer(
       [](std::uint64_t e) {
-        return Names{e, 0, 400};
+        return Names{e, 0, 2000};
       },
       {.name = "names"});
   auto factory = spec.factory;
@@ -850,8 +860,10 @@ TEST(FromRange, LoaderReleasesEveryValue) {
     ++batches;
     most = std::max(most, node.load()->held());
   }
-  EXPECT_EQ(batches, 150u);
-  EXPECT_LT(most, 200u);
+  EXPECT_EQ(batches, 750u);
+  // At most what is in flight: the look-ahead, two messages and one the input node holds,
+  // each of at most 32 cheap batches (graph/loader_runtime_parts.h) — not the 6 000 produced.
+  EXPECT_LE(most, 8u + 3 * 32 * 8);
   EXPECT_EQ(node.load()->held(), 0u);
 }
 

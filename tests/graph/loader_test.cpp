@@ -362,6 +362,29 @@ TEST_F(LoaderTest, StatsReportEveryStage) {
   EXPECT_GT(s.stages[1].busy_ns, 0u);
 }
 
+TEST_F(LoaderTest, CheapBatchesTravelInGroupsAndCostlyOnesAlone) {
+  // 100 batches of 10 × 64 bytes cost a few µs each: they share messages. The batches are
+  // those of a run where each travels alone (a map that sleeps 30 µs a sample, 300 µs a batch).
+  auto cheap = base().shuffle({.mode = ShuffleMode::kGlobal}).batch({.size = 10}).build();
+  Loader grouped(cheap, {.epochs = 2, .workers = 2});
+  const std::vector<BatchTrace> a = drain(grouped);
+  const LoaderStats s = grouped.stats();
+  EXPECT_EQ(s.stages[0].items, 200u);  // plans
+  EXPECT_LT(s.messages, 100u) << "the cheap batches were not grouped";
+  auto costly = base()
+                    .shuffle({.mode = ShuffleMode::kGlobal})
+                    .map([](Sample&, MapContext&) {
+                      std::this_thread::sleep_for(std::chrono::microseconds(30));
+                    })
+                    .batch({.size = 10})
+                    .build();
+  Loader alone(costly, {.epochs = 2, .workers = 2});
+  const std::vector<BatchTrace> b = drain(alone);
+  EXPECT_GE(alone.stats().messages, 200u);  // one per batch (and one for the end)
+  ASSERT_EQ(a.size(), 200u);
+  EXPECT_EQ(a, b);
+}
+
 TEST(PipelineBuilder, ChecksNodeOrder) {
   auto expect_error = [](const std::function<void()>& f, const std::string& text) {
     try {
