@@ -105,8 +105,10 @@ void throughput(const Args& a) {
   std::uint64_t rows = 0, batches = 0, sink = 0;
   std::size_t state_max = 0;
   double first = 0;
+  std::vector<double> epoch_ends;  // seconds from the start to each epoch's last batch
   while (auto b = l.next()) {
     if (batches == 0) first = since(t0);
+    if (b->info.is_last_in_epoch) epoch_ends.push_back(since(t0));
     rows += b->info.num_samples;
     sink += static_cast<const std::uint8_t*>(b->fields.at("tokens").data())[batches % 64];
     if (++batches % 500 == 0) state_max = std::max(state_max, l.state().size());
@@ -119,6 +121,7 @@ void throughput(const Args& a) {
         {"epochs", a.epochs},
         {"seconds", s},
         {"first_batch_s", first},
+        {"epoch_ends_s", epoch_ends},
         {"state_bytes_max", state_max},
         {"sink", sink}},
        a);
@@ -131,7 +134,9 @@ void spine(const Args& a) {
   const auto t0 = Clock::now();
   Spine sp(w2(a), a.epochs);
   std::uint64_t rows = 0, batches = 0;
+  std::vector<double> epoch_ends;
   while (auto plan = sp.next()) {
+    if (plan->info.is_last_in_epoch) epoch_ends.push_back(since(t0));
     rows += plan->info.refs.size();
     ++batches;
     sp.store()->release(plan->info.refs);  // as the assembler does, once a batch is made
@@ -140,6 +145,7 @@ void spine(const Args& a) {
   emit({{"what", "w2_spine"},
         {"tokens_per_s", static_cast<double>(rows * kLength) / s},
         {"us_per_batch", s * 1e6 / static_cast<double>(std::max<std::uint64_t>(batches, 1))},
+        {"epoch_ends_s", epoch_ends},
         {"batches", batches},
         {"epochs", a.epochs},
         {"seconds", s}},

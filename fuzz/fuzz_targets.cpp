@@ -363,7 +363,7 @@ bool IndexTarget::one_input(const std::uint8_t* data, std::size_t size) {
     index.entries.resize(rest.size() / 8);
     if (!index.entries.empty())
       std::memcpy(index.entries.data(), rest.data(), index.entries.size() * 8);
-    Impl::write_cache(file, kind == 1 ? "lines/1 skip_empty" : "lines/1", index);
+    Impl::write_cache(file, kind == 1 ? "lines/2 skip_empty" : "lines/2", index);
   }
   try {
     impl_->open(kind);

@@ -98,7 +98,7 @@ void megatron_one_input(const ScratchDir& dir, const std::uint8_t* data, std::si
 
 /// The index caches (nodes/sources/index_cache.h) of a small fixed text file and tar file,
 /// whose mtimes are pinned so that a cache written for them once stays valid for them. The
-/// input's first byte picks the index kind — `lines/1`, `lines/1 skip_empty` or `tar/1` —
+/// input's first byte picks the index kind — `lines/2`, `lines/2 skip_empty` or `tar/1` —
 /// and the mode:
 ///   - raw (bit 2 clear): the rest of the input is the `<file>.fsidx`, byte for byte: the
 ///     cache's own checks (identity, counts, checksum) are fuzzed;

@@ -145,6 +145,7 @@ RunReport run_once(const Pipeline& pipeline, const BenchOptions& o, const std::s
   r.consumer_wait_s = static_cast<double>(after.consumer_wait_ns - before.consumer_wait_ns) * 1e-9;
   r.graph_waits = after.graph_waits - before.graph_waits;
   r.in_flight_limit = after.in_flight_limit;
+  r.messages = after.messages - before.messages;
   r.workers = after.workers;
   r.prefetch_depth = after.prefetch_depth;
   r.workers_auto = after.workers_auto;
@@ -291,6 +292,7 @@ std::string to_json(const BenchReport& r) {
                     {"consumer_wait_s", run.consumer_wait_s},
                     {"graph_waits", run.graph_waits},
                     {"in_flight_limit", run.in_flight_limit},
+                    {"messages", run.messages},
                     {"workers", run.workers},
                     {"workers_auto", run.workers_auto},
                     {"prefetch_depth", run.prefetch_depth},
@@ -365,13 +367,17 @@ std::string format_report(const BenchReport& r) {
   os << line;
   std::snprintf(line, sizeof(line),
                 "stages: spine %.0f%%, assemble %.0f%% of %d workers, deliver %.0f%%; the consumer "
-                "waited %llu times, the graph waited on it %llu times; in flight <= %zu\n",
+                "waited %llu times, the graph waited on it %llu times; in flight <= %zu "
+                "messages of %.1f batches\n",
                 run.stages.size() > 0 ? run.stages[0].utilization * 100 : 0,
                 run.stages.size() > 1 ? run.stages[1].utilization * 100 : 0,
                 run.stages.size() > 1 ? run.stages[1].concurrency : 0,
                 run.stages.size() > 2 ? run.stages[2].utilization * 100 : 0,
                 static_cast<unsigned long long>(run.consumer_waits),
-                static_cast<unsigned long long>(run.graph_waits), run.in_flight_limit);
+                static_cast<unsigned long long>(run.graph_waits), run.in_flight_limit,
+                run.messages > 0
+                    ? static_cast<double>(run.batches) / static_cast<double>(run.messages)
+                    : 1.0);
   os << line;
   if (run.workers_auto || run.prefetch_auto) {
     const std::string w = (run.workers_auto ? "auto → " : "") + std::to_string(run.workers);

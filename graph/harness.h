@@ -79,7 +79,8 @@ struct RunReport {
   std::uint64_t consumer_waits = 0;  ///< next() found nothing ready (pipeline-bound)
   double consumer_wait_s = 0;        ///< time next() spent waiting
   std::uint64_t graph_waits = 0;     ///< every slot ready and waiting (consumer-bound)
-  std::size_t in_flight_limit = 0;
+  std::size_t in_flight_limit = 0;   ///< messages in flight at most
+  std::uint64_t messages = 0;        ///< graph messages in the run (cheap batches travel in groups)
   /// Workers and prefetch depth at the run's end: with `auto`, the tuner's choice.
   int workers = 0;
   std::size_t prefetch_depth = 0;

@@ -197,7 +197,7 @@ class Loader::Runtime {
     std::lock_guard lock(mu_);
     s.consumer_waits = consumer_waits_;
     s.consumer_wait_ns = consumer_wait_ns_;
-    s.graph_waits = graph_waits_;
+    s.graph_waits = graph_waits_.load(std::memory_order_relaxed);
     s.in_flight_limit = in_flight_target();
     s.messages = messages_.load(std::memory_order_relaxed);
     s.workers = workers;
@@ -212,10 +212,15 @@ class Loader::Runtime {
   }
 
   /// Blocks until the next item in sequence order is ready and releases its limiter slot.
+  /// The consumer takes every ready batch at once into its own queue and serves the next
+  /// calls from there without the lock: deliver() and take() meet once per refill, not once
+  /// per batch (on a loaded 2-core machine each meeting on a held lock is a futex wake-up).
   ItemMsg take() {
     if (tuner_) maybe_tune();
-    ItemMsg m;
-    {
+    if (!taken_queue_.empty()) {
+      if (taken_groups_ + groups_ready_.load(std::memory_order_relaxed) >= in_flight_target())
+        graph_waits_.fetch_add(1, std::memory_order_relaxed);
+    } else {
       std::unique_lock lock(mu_);
       if (queue_.empty()) {
         ++consumer_waits_;
@@ -228,13 +233,15 @@ class Loader::Runtime {
           const auto step = front.batch ? static_cast<std::int64_t>(front.batch->info.step) : -1;
           tracer_->span(Tracer::kConsumer, consumer_wait_name_, t0, t1, step);
         }
-      } else if (groups_ready_ >= in_flight_target()) {
-        ++graph_waits_;
+      } else if (groups_ready_.load(std::memory_order_relaxed) >= in_flight_target()) {
+        graph_waits_.fetch_add(1, std::memory_order_relaxed);
       }
-      m = std::move(queue_.front());
-      queue_.pop_front();
-      if (m.last_of_group) --groups_ready_;
+      taken_queue_.swap(queue_);  // queue_ is left empty
+      taken_groups_ = groups_ready_.exchange(0, std::memory_order_relaxed);
     }
+    ItemMsg m = std::move(taken_queue_.front());
+    taken_queue_.pop_front();
+    if (m.last_of_group) --taken_groups_;
     if (m.batch) {
       const std::uint64_t taken = taken_.fetch_add(1, std::memory_order_relaxed) + 1;
       if (tracer_ != nullptr)
@@ -496,7 +503,7 @@ class Loader::Runtime {
     {
       std::lock_guard lock(mu_);
       for (ItemMsg& out : *g.items) queue_.push_back(std::move(out));
-      ++groups_ready_;
+      groups_ready_.fetch_add(1, std::memory_order_relaxed);
     }
     ready_.notify_one();
     deliver_ns_ += elapsed_ns(t0);
@@ -569,12 +576,17 @@ class Loader::Runtime {
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<ItemMsg> queue_;
-  std::size_t groups_ready_ = 0;  ///< groups in queue_ (under mu_)
+  /// Groups in queue_ (changed under mu_; read without it for graph_waits_).
+  std::atomic<std::size_t> groups_ready_{0};
+  // The consumer's own: the batches it took from queue_ at its last refill, and their groups.
+  std::deque<ItemMsg> taken_queue_;
+  std::size_t taken_groups_ = 0;
 
   // Stats: written by graph bodies (atomics) and by the consumer under mu_.
   std::atomic<std::uint64_t> spine_items_{0}, spine_ns_{0}, work_items_{0}, work_ns_{0},
       deliver_items_{0}, deliver_ns_{0};
-  std::uint64_t consumer_waits_ = 0, consumer_wait_ns_ = 0, graph_waits_ = 0;
+  std::uint64_t consumer_waits_ = 0, consumer_wait_ns_ = 0;
+  std::atomic<std::uint64_t> graph_waits_{0};
   std::int64_t start_ns_ = 0;
   // Spine thread only (the input node is serial), except the atomics.
   std::int64_t last_plan_end_ns_ = 0;

@@ -90,7 +90,7 @@ struct GroupMsg {
 /// kGroupTargetNs, and small enough to stay under kGroupMaxBytes (`batch_bytes` per batch).
 /// Batches that cost more than the target travel alone. The schedule never changes the
 /// batches: groups are consecutive plans, each stamped as before.
-inline constexpr std::uint64_t kGroupTargetNs = 200'000;
+inline constexpr std::uint64_t kGroupTargetNs = 500'000;
 inline constexpr std::uint64_t kGroupMaxBytes = 4u << 20;
 inline constexpr std::size_t kGroupMax = 32;
 inline std::size_t group_size(std::uint64_t batch_ns, std::uint64_t batch_bytes) {

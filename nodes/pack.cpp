@@ -124,6 +124,28 @@ PackNode::Document PackNode::load_document(const Ref& ref) {
   return doc;
 }
 
+void PackNode::publish(std::span<const Ref> refs) {
+  std::lock_guard lock(mu_);
+  for (std::size_t i = 0; i < planned_.size(); ++i) {
+    const RowKey key{refs[i].shard, refs[i].index};
+    InFlight slot{key, std::move(planned_[i])};
+    if (in_flight_.empty() || in_flight_.back().key < key) {
+      in_flight_.push_back(std::move(slot));  // rows are planned in order: the usual case
+    } else {
+      auto at = std::lower_bound(in_flight_.begin(), in_flight_.end(), key,
+                                 [](const InFlight& f, const RowKey& k) { return f.key < k; });
+      if (at != in_flight_.end() && at->key == key)
+        at->row = std::move(slot.row);
+      else
+        in_flight_.insert(at, std::move(slot));
+    }
+  }
+  planned_.clear();
+  // Released rows come back to the spine with their pieces' capacity.
+  for (auto& row : free_rows_) spare_.push_back(std::move(row));
+  free_rows_.clear();
+}
+
 std::size_t PackNode::pull(std::span<Ref> out) {
   // The call's rows go in flight together: one lock for them all (the workers take it too).
   planned_.clear();
@@ -131,17 +153,27 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     PackNode* pack;
     std::span<Ref> out;
     ~Publish() {
-      if (pack->planned_.empty()) return;
-      std::lock_guard lock(pack->mu_);
-      for (std::size_t i = 0; i < pack->planned_.size(); ++i)
-        pack->rows_.insert_or_assign(std::pair{out[i].shard, out[i].index},
-                                     std::move(pack->planned_[i]));
-      pack->planned_.clear();
+      if (!pack->planned_.empty()) pack->publish(out);
     }
   } publish{this, out};
   std::size_t n = 0;
   while (n < out.size()) {
-    Row row;
+    std::unique_ptr<Row> made;
+    if (spare_.empty()) {
+      made = std::make_unique<Row>();
+    } else {
+      made = std::move(spare_.back());
+      spare_.pop_back();
+      made->segments.clear();  // a row given back unplanned may hold pieces
+    }
+    Row& row = *made;
+    struct Spare {  // a row not planned (the epoch ended) goes back
+      PackNode* pack;
+      std::unique_ptr<Row>& row;
+      ~Spare() {
+        if (row) pack->spare_.push_back(std::move(row));
+      }
+    } spare{this, made};
     std::uint64_t need = options_.length;
     while (need > 0) {
       if (!state_.has_carry) {
@@ -176,7 +208,7 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     }
     row.dtype = *dtype_;  // a row starts with tokens, so a document was seen
     const Ref ref{source_id_, static_cast<std::uint32_t>(state_.epoch), state_.rows++};
-    planned_.push_back(std::make_shared<const Row>(std::move(row)));
+    planned_.push_back(std::move(made));
     out[n++] = ref;
   }
   return n;
@@ -186,17 +218,19 @@ std::span<const std::byte> PackNode::record(const Ref&) const {
   throw Error("pack '" + name() + "' rows have no stored bytes; read them");
 }
 
-std::shared_ptr<const PackNode::Row> PackNode::find_row(const Ref& ref) const {
-  std::lock_guard lock(mu_);
-  return find_row_locked(ref);
+std::deque<PackNode::InFlight>::iterator PackNode::find_slot(const Ref& ref) const {
+  const RowKey key{ref.shard, ref.index};
+  auto at = std::lower_bound(in_flight_.begin(), in_flight_.end(), key,
+                             [](const InFlight& f, const RowKey& k) { return f.key < k; });
+  return at != in_flight_.end() && at->key == key && at->row ? at : in_flight_.end();
 }
 
-std::shared_ptr<const PackNode::Row> PackNode::find_row_locked(const Ref& ref) const {
-  auto it = rows_.find({ref.shard, ref.index});
-  if (it == rows_.end())
+const PackNode::Row* PackNode::find_row_locked(const Ref& ref) const {
+  auto it = find_slot(ref);
+  if (it == in_flight_.end())
     throw Error("pack '" + name() + "': row " + std::to_string(ref.index) + " of epoch " +
                 std::to_string(ref.shard) + " is not in flight");
-  return it->second;
+  return it->row.get();
 }
 
 void PackNode::fill(const Row& row, std::byte* dst, std::int32_t* ids) const {
@@ -231,7 +265,13 @@ void PackNode::fill(const Row& row, std::byte* dst, std::int32_t* ids) const {
 }
 
 void PackNode::read(const Ref& ref, Sample& sample) const {
-  const std::shared_ptr<const Row> found = find_row(ref);
+  // The row stays in flight (its pointer valid) until its batch, which this read is part
+  // of, is assembled and released.
+  const Row* found = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    found = find_row_locked(ref);
+  }
   const Row& row = *found;
   const auto length = static_cast<std::int64_t>(options_.length);
   Tensor out(row.dtype, Shape{length});
@@ -246,8 +286,8 @@ void PackNode::read(const Ref& ref, Sample& sample) const {
 
 bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& fields) const {
   if (refs.empty()) return false;
-  std::vector<std::shared_ptr<const Row>> rows;
-  rows.reserve(refs.size());
+  thread_local std::vector<const Row*> rows;  // valid until release(), after this batch
+  rows.clear();
   {
     std::lock_guard lock(mu_);
     for (const Ref& r : refs) rows.push_back(find_row_locked(r.record()));
@@ -287,8 +327,20 @@ bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& field
 }
 
 void PackNode::release(std::span<const Ref> refs) const {
+  thread_local std::vector<std::unique_ptr<Row>> done;
+  done.clear();
+  {
+    std::lock_guard lock(mu_);
+    for (const Ref& r : refs) {
+      auto it = find_slot(r);
+      if (it != in_flight_.end()) done.push_back(std::move(it->row));
+    }
+    while (!in_flight_.empty() && !in_flight_.front().row) in_flight_.pop_front();
+  }
+  // Outside the lock: dropping the pieces may free documents read in the spine.
+  for (auto& row : done) row->segments.clear();
   std::lock_guard lock(mu_);
-  for (const Ref& r : refs) rows_.erase({r.shard, r.index});
+  for (auto& row : done) free_rows_.push_back(std::move(row));
 }
 
 }  // namespace flowstate

@@ -28,7 +28,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -141,9 +141,21 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   std::uint64_t extent(const Document& doc) const {
     return doc.numel + (options_.separator >= 0 ? 1 : 0);
   }
-  /// The planned row `ref` (shared: the spine may add rows meanwhile); throws when unknown.
-  std::shared_ptr<const Row> find_row(const Ref& ref) const;
-  std::shared_ptr<const Row> find_row_locked(const Ref& ref) const;  ///< holding mu_
+  /// (epoch, row index): a row's place in planning order.
+  using RowKey = std::pair<std::uint32_t, std::uint64_t>;
+  /// A row in flight; `row` is null once released (the slot leaves from the front).
+  struct InFlight {
+    RowKey key;
+    std::unique_ptr<Row> row;
+  };
+  /// The planned row `ref`, holding mu_; throws when unknown. The pointer stays valid until
+  /// the row is released (after the batch that holds it is assembled).
+  const Row* find_row_locked(const Ref& ref) const;
+  /// The slot of an unreleased row, or in_flight_.end(); holding mu_.
+  std::deque<InFlight>::iterator find_slot(const Ref& ref) const;
+  /// Puts planned_ in flight as `refs` (one lock for a pull's rows) and takes the released
+  /// rows back for reuse.
+  void publish(std::span<const Ref> refs);
   /// Writes `row`'s tokens to `dst` (length elements) and, when set, its document ids.
   void fill(const Row& row, std::byte* dst, std::int32_t* ids) const;
 
@@ -157,10 +169,14 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   std::optional<DType> dtype_;  ///< of the first document read; every one must match
   Document carry_doc_;          ///< the tokens of state_.carry while has_carry
   bool upstream_done_ = false;  ///< the upstream's epoch has ended
-  std::vector<std::shared_ptr<const Row>> planned_;  ///< a pull's rows, until they go in flight
-  // Rows planned and not yet released, by (epoch, row index) (read by parallel workers).
+  // The spine's: a pull's rows until they go in flight, and released rows to plan into (a
+  // row's pieces keep their capacity: no allocation per row once running).
+  std::vector<std::unique_ptr<Row>> planned_, spare_;
+  // Rows planned and not yet released, in planning order (read by the parallel workers), and
+  // released rows on their way back to the spine.
   mutable std::mutex mu_;
-  mutable std::map<std::pair<std::uint32_t, std::uint64_t>, std::shared_ptr<const Row>> rows_;
+  mutable std::deque<InFlight> in_flight_;
+  mutable std::vector<std::unique_ptr<Row>> free_rows_;
 };
 
 }  // namespace flowstate

@@ -18,7 +18,7 @@
 // memory only: a cache is an optimisation, never an error.
 //
 //   FileIndex<std::uint64_t> index = load_index<std::uint64_t>(
-//       file, "lines/1", [&] { return scan_lines(file); });
+//       file, "lines/2", [&] { return scan_lines(file); });
 #pragma once
 
 #include <cstddef>
@@ -72,7 +72,7 @@ IndexOrigin load_index(const MappedFile& file, std::string_view kind, const Inde
 
 /// The index of `file`: read from `<file>.fsidx` when that cache is valid for `kind`, else
 /// `build()` (returning a FileIndex<Entry>) is called and the cache rewritten. `kind` names
-/// the entry format and everything the builder depends on ("lines/1 skip_empty"); change it
+/// the entry format and everything the builder depends on ("lines/2 skip_empty"); change it
 /// when either changes, and old caches are rebuilt. Exceptions from `build` propagate, and no
 /// cache is written. Failing to read or write the cache is not an error. Thread-safe for
 /// different files; concurrent loads of one file (threads or processes) are safe, each

@@ -16,8 +16,14 @@
 namespace flowstate {
 namespace {
 
-/// The byte offset of every record of `file`: each line's start, empty lines left out when
-/// `skip_empty`.
+/// An index entry's top bit: the line ends with "\r\n" (its record ends before the '\r').
+/// With it, a line's length comes from the index alone — the next line's start — and the
+/// spine, which asks filter's and pack's lengths of every line, never reads the text.
+constexpr std::uint64_t kCrBit = std::uint64_t{1} << 63;
+std::uint64_t start_of(std::uint64_t entry) { return entry & ~kCrBit; }
+
+/// The byte offset of every record of `file`: each line's start (with kCrBit when it ends
+/// with "\r\n"), empty lines left out when `skip_empty`.
 FileIndex<std::uint64_t> scan_lines(const MappedFile& file, bool skip_empty) {
   FileIndex<std::uint64_t> index;
   const auto* data = reinterpret_cast<const char*>(file.data());
@@ -26,8 +32,9 @@ FileIndex<std::uint64_t> scan_lines(const MappedFile& file, bool skip_empty) {
   while (pos < size) {
     const void* nl = std::memchr(data + pos, '\n', size - pos);
     const std::size_t end = nl != nullptr ? static_cast<const char*>(nl) - data : size;
+    const bool cr = end > pos && end < size && data[end - 1] == '\r';
     const bool empty = end == pos || (end == pos + 1 && data[pos] == '\r');
-    if (!skip_empty || !empty) index.entries.push_back(pos);
+    if (!skip_empty || !empty) index.entries.push_back(pos | (cr ? kCrBit : 0));
     pos = end + 1;
   }
   return index;
@@ -37,9 +44,15 @@ FileIndex<std::uint64_t> scan_lines(const MappedFile& file, bool skip_empty) {
 /// lie inside the file, as line() needs (checking that each follows a newline would read the
 /// file, the cost the cache saves).
 bool lines_fit(const FileIndex<std::uint64_t>& index, std::uint64_t size) {
-  for (std::size_t i = 0; i < index.entries.size(); ++i)
-    if (index.entries[i] >= size || (i > 0 && index.entries[i] <= index.entries[i - 1]))
+  for (std::size_t i = 0; i < index.entries.size(); ++i) {
+    if (start_of(index.entries[i]) >= size ||
+        (i > 0 && start_of(index.entries[i]) <= start_of(index.entries[i - 1])))
       return false;
+    // A line that ends with "\r\n" has room for both before the next line's start.
+    if ((index.entries[i] & kCrBit) != 0 && i + 1 < index.entries.size() &&
+        start_of(index.entries[i + 1]) - start_of(index.entries[i]) < 2)
+      return false;
+  }
   return true;
 }
 
@@ -234,7 +247,8 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
   for (const auto& key : options_.json_fields) json_ids_.push_back(field_id(key));
 
   // Which lines are records depends on skip_empty, so it is part of the index's kind.
-  const std::string kind = options_.skip_empty ? "lines/1 skip_empty" : "lines/1";
+  // lines/2: entries carry kCrBit.
+  const std::string kind = options_.skip_empty ? "lines/2 skip_empty" : "lines/2";
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
     const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);
@@ -258,17 +272,14 @@ std::span<const std::byte> LinesSource::line(std::size_t k, std::uint64_t begin)
 std::span<const std::byte> LinesSource::record(const Ref& ref) const {
   const std::vector<std::uint64_t>& starts = starts_[ref.shard];
   const std::uint64_t i = local(ref);
+  const std::uint64_t begin = start_of(starts[i]);
   if (!options_.skip_empty && i + 1 < starts.size()) {
-    // Every line is a record: this one ends at the newline before the next one's start, with
-    // no scan for it (the spine asks filter's and pack's lengths of every line).
-    const MappedFile& m = *maps_[ref.shard];
-    std::uint64_t end = starts[i + 1] - 1;
-    if (end >= starts[i] && m.data()[end] == std::byte{'\n'}) {
-      if (end > starts[i] && m.data()[end - 1] == std::byte{'\r'}) --end;
-      return {m.data() + starts[i], end - starts[i]};
-    }
+    // Every line is a record: this one ends at the newline before the next one's start, and
+    // before a '\r' the index marked — no byte of the text is read.
+    const std::uint64_t end = start_of(starts[i + 1]) - 1 - ((starts[i] & kCrBit) != 0 ? 1 : 0);
+    return {maps_[ref.shard]->data() + begin, end - begin};
   }
-  return line(ref.shard, starts[i]);
+  return line(ref.shard, begin);
 }
 
 std::optional<RecordView> LinesSource::view(const Ref& ref, FieldId field) const {
@@ -277,7 +288,7 @@ std::optional<RecordView> LinesSource::view(const Ref& ref, FieldId field) const
 }
 
 void LinesSource::read(const Ref& ref, Sample& sample) const {
-  const std::uint64_t offset = starts_[ref.shard][local(ref)];
+  const std::uint64_t offset = start_of(starts_[ref.shard][local(ref)]);
   const std::size_t k = ref.shard;
   const std::span<const std::byte> bytes = record(ref);
   sample.ref = ref;

@@ -112,7 +112,8 @@ class LinesSource final : public FileSource {
   FieldId field_;
   std::vector<FieldId> json_ids_;  ///< the ids of options_.json_fields
   std::vector<std::shared_ptr<const MappedFile>> maps_;
-  std::vector<std::vector<std::uint64_t>> starts_;  ///< per file: byte offset of each record
+  /// Per file: byte offset of each record, the top bit set when its line ends with "\r\n".
+  std::vector<std::vector<std::uint64_t>> starts_;
 };
 
 }  // namespace flowstate

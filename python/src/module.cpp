@@ -247,6 +247,7 @@ class PyLoader {
     d["consumer_wait_ns"] = s.consumer_wait_ns;
     d["graph_waits"] = s.graph_waits;
     d["in_flight_limit"] = s.in_flight_limit;
+    d["messages"] = s.messages;
     return d;
   }
   std::uint64_t fingerprint() const { return loader().pipeline().fingerprint(); }

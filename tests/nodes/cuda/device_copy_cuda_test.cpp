@@ -590,7 +590,9 @@ TEST(FLOWSTATE_CUDA_SUITE, StreamHandoverNeverBlocksTheHost) {
                       .prefetch({.depth = 2})
                       .device_copy({.device = "cuda:0"})
                       .build(),
-                  {.epochs = 3});
+                  // More batches than can be in flight at once (5 messages of at most 32
+                  // cheap batches, graph/loader_runtime_parts.h), so blocks are reused.
+                  {.epochs = 40});
     fake_cuda_clear_calls();
     while (auto b = loader.next(consumer.stream())) {
       consumer.read((*b)["data"]);  // the consumer's kernel, queued after the wait
@@ -599,7 +601,7 @@ TEST(FLOWSTATE_CUDA_SUITE, StreamHandoverNeverBlocksTheHost) {
     log = calls();      // before the loader's destruction synchronizes its stream
     consumer.finish();  // the consumer's reads are done before the loader frees memory
   }
-  ASSERT_EQ(batches, 3u * 8u);
+  ASSERT_EQ(batches, 40u * 8u);
   // Which stream each event was last recorded on, replayed along the log.
   std::map<const void*, const void*> recorded_on;
   std::size_t consumer_waits = 0, reuse_waits = 0, release_records = 0;
