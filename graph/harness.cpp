@@ -431,7 +431,9 @@ std::string bottleneck(const BenchReport& r) {
       node = top;
     }
   }
-  if (busiest == nullptr) return "";
+  if (busiest == nullptr)  // a short run: the graph made every timed batch before the timing
+    return "bottleneck: not measured — no node worked while the batches were timed (the graph "
+           "had made them ahead); time more batches (--steps)";
   const auto in_busiest = [&](const NodeReport& n) { return in_stage(*busiest, n); };
   const int threads = std::max(1, busiest->concurrency);
   const double share =

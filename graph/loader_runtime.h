@@ -346,6 +346,12 @@ class Loader::Runtime {
           spine_before_.clear();
           for (const auto& n : stats_.nodes()) spine_before_.push_back(n.busy(NodeStage::kSpine));
         }
+        // One plan in kSpineSampling has its spine nodes timed (all of them with a trace,
+        // whose spans are per plan).
+        const std::uint64_t index = planned_.load(std::memory_order_relaxed);
+        const SpineSampling sampling(tracer_ != nullptr            ? 1
+                                     : index % kSpineSampling == 0 ? kSpineSampling
+                                                                   : 0);
         std::optional<BatchPlan> plan = spine_.next();
         if (!plan) {
           m.end = true;

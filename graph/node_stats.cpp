@@ -5,6 +5,7 @@ namespace flowstate {
 namespace {
 
 thread_local SpineScope* t_scope = nullptr;
+thread_local std::uint32_t t_weight = 1;  ///< SpineSampling's
 
 /// Sits between a spine node and its upstream and times the upstream's pulls; everything
 /// else goes straight through. Not part of the chain: snapshots and restores never see it.
@@ -53,19 +54,26 @@ std::string stats_name(const NodeSpec& spec) {
   return type + ":" + spec.name;
 }
 
-SpineScope::SpineScope(NodeCounters& counters)
-    : c_(counters), parent_(t_scope), t0_(stats_now_ns()) {
+SpineScope::SpineScope(NodeCounters& counters) : c_(counters), parent_(t_scope), weight_(t_weight) {
+  if (weight_ != 0) t0_ = stats_now_ns();
   t_scope = this;
 }
 
 SpineScope::~SpineScope() {
+  t_scope = parent_;
+  if (weight_ == 0) {
+    c_.add(NodeStage::kSpine, 0, items_, 0);
+    return;
+  }
   const auto total = static_cast<std::uint64_t>(stats_now_ns() - t0_);
   const std::uint64_t own = total > child_ns_ ? total - child_ns_ : 0;
-  c_.add(NodeStage::kSpine, own, items_, 0);
-  c_.upstream_ns.fetch_add(child_ns_, std::memory_order_relaxed);
+  c_.add(NodeStage::kSpine, own * weight_, items_, 0);
+  c_.upstream_ns.fetch_add(child_ns_ * weight_, std::memory_order_relaxed);
   if (parent_ != nullptr) parent_->child_ns_ += total;
-  t_scope = parent_;
 }
+
+SpineSampling::SpineSampling(std::uint32_t weight) : previous_(t_weight) { t_weight = weight; }
+SpineSampling::~SpineSampling() { t_weight = previous_; }
 
 NodeCounters& NodeStatsTable::add(std::string name, std::string type, NodeStage stage) {
   NodeCounters& c = nodes_.emplace_back();

@@ -82,5 +82,14 @@ TEST(BenchHarness, NamesTheConsumerWhenTheGraphWaitsOnIt) {
   EXPECT_EQ(bottleneck(BenchReport{}), "");
 }
 
+TEST(BenchHarness, SaysSoWhenNoNodeWorkedWhileTheBatchesWereTimed) {
+  // A short run: the graph made the timed batches during the warm-up.
+  RunReport run = map_heavy_run();
+  for (auto& n : run.nodes) n.spine_s = n.assemble_s = n.deliver_s = 0;
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: not measured — no node worked while the batches were timed (the graph "
+            "had made them ahead); time more batches (--steps)");
+}
+
 }  // namespace
 }  // namespace flowstate::bench
