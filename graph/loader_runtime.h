@@ -244,9 +244,12 @@ class Loader::Runtime {
     if (m.last_of_group) --taken_groups_;
     if (m.batch) {
       const std::uint64_t taken = taken_.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (tracer_ != nullptr)
-        tracer_->counter(in_flight_name_, stats_now_ns(),
-                         static_cast<double>(planned_.load(std::memory_order_relaxed) - taken));
+      if (tracer_ != nullptr) {
+        const std::int64_t now = stats_now_ns();
+        if (counter_due(now))
+          tracer_->counter(in_flight_name_, now,
+                           static_cast<double>(planned_.load(std::memory_order_relaxed) - taken));
+      }
     }
     // Not through arena_.execute: an external thread that finds every arena slot busy would
     // wait for a worker to run the call. A try_put from outside submits its task to the
@@ -374,6 +377,15 @@ class Loader::Runtime {
     return m;
   }
 
+  /// Whether the "batches in flight" counter is due at `now`: the spine and the consumer both
+  /// move it, and one sample per batch made a third of a trace's events; one per 100 µs is
+  /// plenty to read (a 10 kHz track).
+  bool counter_due(std::int64_t now) {
+    std::int64_t last = last_counter_ns_.load(std::memory_order_relaxed);
+    return now - last >= 100'000 &&
+           last_counter_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed);
+  }
+
   /// The size of the next group, from the batches' measured cost so far (group_size()).
   std::size_t next_group_size() {
     const std::uint64_t plans = spine_items_.load(std::memory_order_relaxed);
@@ -392,7 +404,8 @@ class Loader::Runtime {
   /// call each other many times per batch (a pack pulls document by document), so the spans
   /// are each node's summed own time, laid end to end from the plan's start in pipeline order.
   void trace_plan(const BatchPlan& plan, std::int64_t begin_ns, std::uint64_t planned) {
-    std::vector<Tracer::Event> events;
+    thread_local std::vector<Tracer::Event> events;  // the spine's thread: reused
+    events.clear();
     std::int64_t at = begin_ns;
     std::size_t i = 0;
     for (const auto& n : stats_.nodes()) {
@@ -409,12 +422,15 @@ class Loader::Runtime {
       events.push_back(e);
       at += e.dur_ns;
     }
-    Tracer::Event c;
-    c.ph = 'C';
-    c.ts_ns = stats_now_ns();
-    c.name = in_flight_name_;
-    c.value = static_cast<double>(planned - taken_.load(std::memory_order_relaxed));
-    events.push_back(c);
+    const std::int64_t now = stats_now_ns();
+    if (counter_due(now)) {
+      Tracer::Event c;
+      c.ph = 'C';
+      c.ts_ns = now;
+      c.name = in_flight_name_;
+      c.value = static_cast<double>(planned - taken_.load(std::memory_order_relaxed));
+      events.push_back(c);
+    }
     tracer_->add(events.data(), events.size());
   }
 
@@ -598,9 +614,10 @@ class Loader::Runtime {
   std::int64_t last_plan_end_ns_ = 0;
   std::vector<std::uint64_t> spine_before_;
   std::atomic<std::uint64_t> spine_blocked_ns_{0}, planned_{0}, taken_{0};
-  std::atomic<std::uint64_t> messages_{0};     ///< seq_, for stats()
-  std::atomic<std::size_t> group_{1};          ///< batches in the latest group
-  std::atomic<std::uint64_t> batch_bytes_{0};  ///< largest batch so far, in bytes
+  std::atomic<std::int64_t> last_counter_ns_{0};  ///< counter_due()'s
+  std::atomic<std::uint64_t> messages_{0};        ///< seq_, for stats()
+  std::atomic<std::size_t> group_{1};             ///< batches in the latest group
+  std::atomic<std::uint64_t> batch_bytes_{0};     ///< largest batch so far, in bytes
 };
 
 }  // namespace flowstate
