@@ -208,12 +208,27 @@ PipelineState Loader::state_struct_without_spine() const {
 std::string Loader::state() const { return state_struct().encode(); }
 
 void Loader::rebuild(const PipelineState& state) {
-  // Open and restore the new spine first: if that fails, the loader keeps running as before.
-  auto rt = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
-  rt->spine().restore(state.spine);
   SkipRanges skips{state.skips};
-  rt->spine().set_skips(skips);
-  runtime_ = std::move(rt);
+  if (runtime_->pristine()) {
+    // Nothing planned or restored yet: the spine is in its starting state, as a new one would
+    // be, so it is restored in place — a restore right after construction (every resume) opens the
+    // data once, not twice. A restore that fails half way leaves it half restored: a fresh
+    // runtime replaces it, and the loader is as it was.
+    try {
+      runtime_->note_restored();
+      runtime_->spine().restore(state.spine);
+    } catch (...) {
+      runtime_ = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
+      throw;
+    }
+    runtime_->spine().set_skips(skips);
+  } else {
+    // Open and restore a new spine first: if that fails, the loader keeps running as before.
+    auto rt = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
+    rt->spine().restore(state.spine);
+    rt->spine().set_skips(skips);
+    runtime_ = std::move(rt);
+  }
   skips_ = std::move(skips);
   last_stamp_ = runtime_->spine().snapshot();
   last_step_ = state.last_step;

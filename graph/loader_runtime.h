@@ -147,6 +147,9 @@ class Loader::Runtime {
   }
 
   bool started() const { return started_; }
+  /// Neither started nor restored: the spine is in its starting state.
+  bool pristine() const { return !started_ && !restored_; }
+  void note_restored() { restored_ = true; }
 
   LoaderStats stats() {
     LoaderStats s;
@@ -594,6 +597,7 @@ class Loader::Runtime {
   bool done_ = false;
   std::atomic<bool> stopping_{false};
   bool started_ = false;
+  bool restored_ = false;  ///< the spine was restored in place (note_restored)
 
   std::mutex mu_;
   std::condition_variable ready_;

@@ -285,6 +285,38 @@ TEST(FromRange, ResumableProducerDoesNotReplay) {
   EXPECT_LE(fr_test::g_next_calls.load(), 10u + 3 * 32 * 10);
 }
 
+TEST(FromRange, TwoRestoresBeforeTheFirstBatchLeaveTheLastOnesPosition) {
+  // The first restore of a new Loader happens in place (nothing planned yet); a second one
+  // must not start from the first's position — a replaying producer would skip twice.
+  auto make = [] {
+    return Pipeline::Builder()
+        .source(from_producer(
+            [](std::uint64_t e) {
+              return PlainNames{{e, 0, 100}};
+            },
+            {.name = "names"}))
+        .batch({.size = 10})
+        .build();
+  };
+  auto state_at = [&](int step) {
+    Loader l(make());
+    for (int i = 0; i < step; ++i) EXPECT_TRUE(l.next());
+    return l.state();
+  };
+  const std::string at3 = state_at(3), at6 = state_at(6);
+  Loader l(make());
+  l.load_state(at3);
+  l.load_state(at6);
+  auto b = l.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(strings_of(*b).front(), "e0-60");
+  Loader once(make());
+  once.load_state(at3);
+  b = once.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(strings_of(*b).front(), "e0-30");
+}
+
 // A buffer shuffle of a forward-only source (StreamShuffleNode): every breakpoint of the
 // oracle, with buffers smaller and larger than a batch, over a producer that resumes through
 // save/load and one that replays.
