@@ -377,6 +377,10 @@ class Loader::Runtime {
       }
       done_ = true;
     }
+    if (!spine_events_.empty()) {
+      tracer_->add(spine_events_.data(), spine_events_.size());
+      spine_events_.clear();
+    }
     return m;
   }
 
@@ -406,9 +410,10 @@ class Loader::Runtime {
   /// A span per spine node for the batch just planned: the node's own time in it. Spine nodes
   /// call each other many times per batch (a pack pulls document by document), so the spans
   /// are each node's summed own time, laid end to end from the plan's start in pipeline order.
+  /// The events go to spine_events_, handed to the tracer once per group (the spine is the
+  /// serial part: one lock and one cache line from the workers' per group, not per plan).
   void trace_plan(const BatchPlan& plan, std::int64_t begin_ns, std::uint64_t planned) {
-    thread_local std::vector<Tracer::Event> events;  // the spine's thread: reused
-    events.clear();
+    std::vector<Tracer::Event>& events = spine_events_;
     std::int64_t at = begin_ns;
     std::size_t i = 0;
     for (const auto& n : stats_.nodes()) {
@@ -434,7 +439,6 @@ class Loader::Runtime {
       c.value = static_cast<double>(planned - taken_.load(std::memory_order_relaxed));
       events.push_back(c);
     }
-    tracer_->add(events.data(), events.size());
   }
 
   GroupMsg assemble(const PlanMsg& m) {
@@ -467,6 +471,12 @@ class Loader::Runtime {
         if (failed) break;
         ++timer.count;
       }
+      // The group's spans, handed over at once (assemble_one collects them).
+      std::vector<Tracer::Event>& events = worker_events();
+      if (!events.empty()) {
+        tracer_->add(events.data(), events.size());
+        events.clear();
+      }
     }
     if (!failed && (m.error || m.end)) {
       ItemMsg tail;
@@ -491,8 +501,7 @@ class Loader::Runtime {
     if (bytes > batch_bytes_.load(std::memory_order_relaxed))
       batch_bytes_.store(bytes, std::memory_order_relaxed);  // a size estimate: races are fine
     const std::uint32_t track = tracer_ != nullptr ? tracer_->worker_track() : 0;
-    Tracer::Event events[16];
-    std::size_t n_events = 0;
+    std::vector<Tracer::Event>& events = worker_events();
     // Stages alternate chunk by chunk: the spans are each stage's summed time in the batch,
     // laid end to end from the batch's start.
     std::int64_t at = times.begin_ns;
@@ -503,18 +512,20 @@ class Loader::Runtime {
       if (node == nullptr || (st.items == 0 && st.ns == 0)) continue;
       node->add(NodeStage::kAssemble, st.ns, st.items, st.bytes);
       if (tracer_ != nullptr) {
-        Tracer::Event& e = events[n_events++];
-        e = {at, static_cast<std::int64_t>(st.ns), step, epoch, 0, track, node->trace_id};
+        Tracer::Event e = {
+            at, static_cast<std::int64_t>(st.ns), step, epoch, 0, track, node->trace_id};
         e.summed = true;
         at += e.dur_ns;
-        if (n_events == std::size(events)) {
-          tracer_->add(events, n_events);
-          n_events = 0;
-        }
+        events.push_back(e);
       }
     }
-    if (n_events > 0) tracer_->add(events, n_events);
     return batch;
+  }
+
+  /// This worker thread's spans of the group it assembles.
+  static std::vector<Tracer::Event>& worker_events() {
+    thread_local std::vector<Tracer::Event> events;
+    return events;
   }
 
   void deliver(const GroupMsg& g) {
@@ -617,6 +628,7 @@ class Loader::Runtime {
   // Spine thread only (the input node is serial), except the atomics.
   std::int64_t last_plan_end_ns_ = 0;
   std::vector<std::uint64_t> spine_before_;
+  std::vector<Tracer::Event> spine_events_;  ///< the group's spine spans (trace_plan)
   std::atomic<std::uint64_t> spine_blocked_ns_{0}, planned_{0}, taken_{0};
   std::atomic<std::int64_t> last_counter_ns_{0};  ///< counter_due()'s
   std::atomic<std::uint64_t> messages_{0};        ///< seq_, for stats()

@@ -370,7 +370,15 @@ TEST_F(LoaderTest, CheapBatchesTravelInGroupsAndCostlyOnesAlone) {
   const std::vector<BatchTrace> a = drain(grouped);
   const LoaderStats s = grouped.stats();
   EXPECT_EQ(s.stages[0].items, 200u);  // plans
-  EXPECT_LT(s.messages, 100u) << "the cheap batches were not grouped";
+  // A group holds ~500 µs of measured work (graph/loader_runtime_parts.h). What a batch costs
+  // depends on the build (sanitizers) and the load, so the expectation follows the measure.
+  const double per_batch_us =
+      1e-3 * (static_cast<double>(s.stages[0].busy_ns) / static_cast<double>(s.stages[0].items) +
+              static_cast<double>(s.stages[1].busy_ns) / static_cast<double>(s.stages[1].items));
+  if (per_batch_us < 100)
+    EXPECT_LT(s.messages, 100u) << "the cheap batches were not grouped: " << per_batch_us;
+  else if (per_batch_us < 250)
+    EXPECT_LT(s.messages, 200u) << "no batches were grouped: " << per_batch_us;
   auto costly = base()
                     .shuffle({.mode = ShuffleMode::kGlobal})
                     .map([](Sample&, MapContext&) {
