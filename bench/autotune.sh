@@ -72,13 +72,17 @@ for w in $workers; do for d in $prefetch; do settings+=("$w $d"); done; done
 settings+=("auto auto")
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+# run_one "W D" ROUND FILE MODE-ARGS...: one run of a setting, appended as "W D ROUND JSON".
+run_one() {
+  local w d
+  read -r w d <<<"$1"
+  local r=$2 file=$3
+  shift 3
+  echo "$w $d $r $("$exe" --data "$data" "$@" --workers "$w" --prefetch "$d" | tail -n 1)" >>"$file"
+}
 n=${#settings[@]}
 for ((r = 0; r < rounds; r++)); do
-  for ((k = 0; k < n; k++)); do
-    s=${settings[$(((k + r * 3) % n))]}
-    read -r w d <<<"$s"
-    echo "$w $d $r $("$exe" --data "$data" "$@" --workers "$w" --prefetch "$d" | tail -n 1)" >>"$out"
-  done
+  for ((k = 0; k < n; k++)); do run_one "${settings[$(((k + r * 3) % n))]}" "$r" "$out" "$@"; done
 done
 [[ -n "$keep" ]] && cat "$out" >>"$keep"
 echo "== the grid (${rounds} rounds)"
@@ -101,10 +105,7 @@ trap 'rm -f "$out" "$out2"' EXIT
 for ((r = 0; r < confirm; r++)); do
   pair=("$bw $bd" "auto auto")
   ((r % 2 == 1)) && pair=("auto auto" "$bw $bd")
-  for s in "${pair[@]}"; do
-    read -r w d <<<"$s"
-    echo "$w $d $r $("$exe" --data "$data" "$@" --workers "$w" --prefetch "$d" | tail -n 1)" >>"$out2"
-  done
+  for s in "${pair[@]}"; do run_one "$s" "$r" "$out2" "$@"; done
 done
 [[ -n "$keep" ]] && cat "$out2" >>"$keep.confirm"
 echo "== the confirmation: workers $bw prefetch $bd against auto (${confirm} rounds)"
