@@ -117,7 +117,7 @@ struct LoaderStats {
   std::size_t in_flight_limit = 0;  ///< messages (groups of batches) in flight at most
   /// Graph messages so far: cheap batches travel several to a message, so that the thread
   /// hand-offs do not cost more than the batches (docs/DECISIONS.md "The spine and the
-  /// parallel stage"); a batch that costs more than ~200 µs travels alone.
+  /// parallel stage"); a batch that costs more than ~500 µs travels alone.
   std::uint64_t messages = 0;
   /// Batch-assembly workers and prefetch depth now; with `auto` they are the tuner's latest
   /// choice (graph/autotune.h) and change while running.
