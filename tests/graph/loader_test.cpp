@@ -375,10 +375,11 @@ TEST_F(LoaderTest, CheapBatchesTravelInGroupsAndCostlyOnesAlone) {
   const double per_batch_us =
       1e-3 * (static_cast<double>(s.stages[0].busy_ns) / static_cast<double>(s.stages[0].items) +
               static_cast<double>(s.stages[1].busy_ns) / static_cast<double>(s.stages[1].items));
-  if (per_batch_us < 100)
+  if (per_batch_us < 100) {
     EXPECT_LT(s.messages, 100u) << "the cheap batches were not grouped: " << per_batch_us;
-  else if (per_batch_us < 250)
+  } else if (per_batch_us < 250) {
     EXPECT_LT(s.messages, 200u) << "no batches were grouped: " << per_batch_us;
+  }
   auto costly = base()
                     .shuffle({.mode = ShuffleMode::kGlobal})
                     .map([](Sample&, MapContext&) {
