@@ -454,6 +454,10 @@ class Loader::Runtime {
     out.items = std::make_shared<std::vector<ItemMsg>>();
     std::vector<ItemMsg>& items = *out.items;
     bool failed = false;
+    // This group's spans are those appended from here (a map that runs TBB work may nest
+    // another group's assembly on this thread: each hands over its own range).
+    std::vector<Tracer::Event>& events = worker_events();
+    const std::size_t first_event = events.size();
     if (m.plans && !m.plans->empty() && !stopping_.load()) {
       items.reserve(m.plans->size() + 1);
       StageTimer timer(work_ns_, work_items_);
@@ -472,10 +476,9 @@ class Loader::Runtime {
         ++timer.count;
       }
       // The group's spans, handed over at once (assemble_one collects them).
-      std::vector<Tracer::Event>& events = worker_events();
-      if (!events.empty()) {
-        tracer_->add(events.data(), events.size());
-        events.clear();
+      if (events.size() > first_event) {
+        tracer_->add(events.data() + first_event, events.size() - first_event);
+        events.resize(first_event);
       }
     }
     if (!failed && (m.error || m.end)) {

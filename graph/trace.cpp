@@ -215,12 +215,12 @@ void Tracer::write(const std::vector<Event>& events) {
   // machines: snprintf of doubles and a string per event cost ~3x more).
   std::string out;
   out.reserve(events.size() * 120);
-  char buf[512];
   for (const Event& e : events) {
     const std::string_view name =
         e.name < names.size() ? std::string_view(names[e.name]) : std::string_view("\"?\"");
-    if (name.size() > 256) continue;  // interned names are node names: never this long
-    char* p = buf;
+    const std::size_t start = out.size();
+    out.resize(start + name.size() + 256);  // the rest of an event is < 200 bytes
+    char* p = out.data() + start;
     if (!first_) p = put(p, ",\n");
     first_ = false;
     p = put(p, "{\"name\":");
@@ -230,7 +230,7 @@ void Tracer::write(const std::vector<Event>& events) {
       p = put_int(p, pid_);
       p = put(p, ",\"tid\":0,\"ts\":");
       p = put_us(p, e.ts_ns - origin_ns_);
-      p += std::snprintf(p, 40, ",\"args\":{\"value\":%.6g}}", e.value);
+      p += std::snprintf(p, 48, ",\"args\":{\"value\":%.6g}}", e.value);
     } else {
       p = put(p, ",\"ph\":\"X\",\"pid\":");
       p = put_int(p, pid_);
@@ -255,7 +255,7 @@ void Tracer::write(const std::vector<Event>& events) {
       if (e.summed) p = put(p, any ? ",\"own_time_summed\":true" : "\"own_time_summed\":true");
       p = put(p, "}}");
     }
-    out.append(buf, static_cast<std::size_t>(p - buf));
+    out.resize(static_cast<std::size_t>(p - out.data()));
   }
   std::fwrite(out.data(), 1, out.size(), file_);
 }

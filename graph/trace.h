@@ -64,6 +64,8 @@ class Tracer {
   std::uint16_t intern(std::string_view name);
   /// This thread's worker track, named "worker k" on first use (k counts from 0 per tracer).
   std::uint32_t worker_track();
+  /// The stats_now_ns() time that the trace's "ts" 0 stands for.
+  std::int64_t origin_ns() const { return origin_ns_; }
   /// A span [begin_ns, end_ns) on `track`.
   void span(std::uint32_t track, std::uint16_t name, std::int64_t begin_ns, std::int64_t end_ns,
             std::int64_t step = -1, std::int64_t epoch = -1);

@@ -188,6 +188,28 @@ TEST_F(Observe, TraceIsChromeTraceEventJson) {
   EXPECT_EQ(events.back()["args"]["dropped_events"], 0);
 }
 
+TEST_F(Observe, TraceKeepsLongNamesAndExactMicroseconds) {
+  const std::string path = dir_ / "long.json";
+  const std::string name(400, 'n');
+  {
+    Tracer t(path);
+    const auto id = t.intern(name);
+    t.span(Tracer::kSpine, id, t.origin_ns() + 1'234'567, t.origin_ns() + 1'234'567 + 89, 7, 1);
+  }
+  const nlohmann::json events = read_json(path);
+  bool found = false;
+  for (const auto& e : events) {
+    if (e["ph"] != "X") continue;
+    EXPECT_EQ(e["name"], name);
+    EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 1234.567);
+    EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 0.089);
+    EXPECT_EQ(e["args"]["step"], 7);
+    EXPECT_EQ(e["args"]["epoch"], 1);
+    found = true;
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST_F(Observe, TraceMemoryIsBoundedAndDropsAreCounted) {
   const std::string path = dir_ / "small.json";
   {
