@@ -74,7 +74,8 @@ class Autotuner {
     /// flight leave it before the consumer reads them), so only a clear win keeps it.
     double depth_gain = 0.10;
     double loss = 0.05;             ///< a step down may lower it by at most this share
-    std::size_t min_depth = 4;      ///< a step down of the depth stops here (the start depth)
+    std::size_t min_depth = 4;      ///< a step down of the depth stops here (the Loader sets
+                                    ///< its start depth, kAutoStartDepth)
     int cooldown = 20;              ///< intervals before a failed step is tried again
     std::uint64_t min_batches = 4;  ///< intervals with fewer batches are not judged
     /// Intervals measured at a setting before a move from it (their mean throughput is what

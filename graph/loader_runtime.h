@@ -63,7 +63,9 @@ class Loader::Runtime {
       limits.max_depth = max_depth_;
       limits.memory_budget =
           options.memory_budget != 0 ? options.memory_budget : default_memory_budget();
-      tuner_.emplace(limits, AutotuneSetting{workers_.load(), depth_.load()});
+      Autotuner::Tuning tuning;
+      tuning.min_depth = kAutoStartDepth;  // a step down returns to where the tuner started
+      tuner_.emplace(limits, AutotuneSetting{workers_.load(), depth_.load()}, tuning);
       tune_interval_ns_ =
           static_cast<std::int64_t>(std::max(options.autotune_interval_s, 1e-3) * 1e9);
     }
