@@ -127,18 +127,12 @@ PackNode::Document PackNode::load_document(const Ref& ref) {
 void PackNode::publish(std::span<const Ref> refs) {
   std::lock_guard lock(mu_);
   for (std::size_t i = 0; i < planned_.size(); ++i) {
+    // Rows are planned in (epoch, row) order by this node alone, so the deque stays sorted.
     const RowKey key{refs[i].shard, refs[i].index};
-    InFlight slot{key, std::move(planned_[i])};
-    if (in_flight_.empty() || in_flight_.back().key < key) {
-      in_flight_.push_back(std::move(slot));  // rows are planned in order: the usual case
-    } else {
-      auto at = std::lower_bound(in_flight_.begin(), in_flight_.end(), key,
-                                 [](const InFlight& f, const RowKey& k) { return f.key < k; });
-      if (at != in_flight_.end() && at->key == key)
-        at->row = std::move(slot.row);
-      else
-        in_flight_.insert(at, std::move(slot));
-    }
+    if (!in_flight_.empty() && !(in_flight_.back().key < key))
+      throw Error("pack '" + name() + "': row " + std::to_string(key.second) + " of epoch " +
+                  std::to_string(key.first) + " planned out of order");
+    in_flight_.push_back({key, std::move(planned_[i])});
   }
   planned_.clear();
   // Released rows come back to the spine with their pieces' capacity.
@@ -147,15 +141,9 @@ void PackNode::publish(std::span<const Ref> refs) {
 }
 
 std::size_t PackNode::pull(std::span<Ref> out) {
-  // The call's rows go in flight together: one lock for them all (the workers take it too).
+  // The call's rows go in flight together at its end: one lock for them all (the workers
+  // take it too). Rows of a call that throws were never handed out: the next call drops them.
   planned_.clear();
-  struct Publish {
-    PackNode* pack;
-    std::span<Ref> out;
-    ~Publish() {
-      if (!pack->planned_.empty()) pack->publish(out);
-    }
-  } publish{this, out};
   std::size_t n = 0;
   while (n < out.size()) {
     std::unique_ptr<Row> made;
@@ -211,6 +199,7 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     planned_.push_back(std::move(made));
     out[n++] = ref;
   }
+  if (!planned_.empty()) publish(out);
   return n;
 }
 
