@@ -7,6 +7,11 @@
 //   w2_flowstate --data DIR restore --rounds 3                  first batch: scratch vs 50%
 //   w2_flowstate --data DIR spine --epochs 1                    the serial planning alone
 //
+// `--map identity|remap` puts a map before pack (a tokenizer's place), so every document must
+// be read before pack can plan with it: `identity` only reads it, `remap` also rewrites each
+// token (a vocabulary lookup's work: a few integer rounds per token). `--read-ahead N` sets
+// pack's window of documents read ahead in parallel (0: one by one in the spine).
+//
 // DIR holds the data set (`flowstate gen indexed --out DIR/corpus --docs 200000`).
 #include <algorithm>
 #include <chrono>
@@ -35,12 +40,15 @@ struct Args {
   std::uint64_t epochs = 1;
   int rounds = 3;
   bool doc_ids = false;
+  std::string map;                 ///< "", identity or remap
+  std::uint64_t read_ahead = 256;  ///< pack's read_ahead
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "w2_flowstate: %s\nusage: w2_flowstate --data DIR {throughput|restore|spine} "
-               "[--workers W] [--epochs N] [--rounds N] [--doc-ids] [--label S]\n",
+               "[--workers W] [--epochs N] [--rounds N] [--doc-ids] [--map identity|remap] "
+               "[--read-ahead N] [--label S]\n",
                why.c_str());
   std::exit(2);
 }
@@ -63,6 +71,10 @@ Args parse(int argc, char** argv) {
       a.rounds = std::stoi(value());
     else if (k == "--doc-ids")
       a.doc_ids = true;
+    else if (k == "--map")
+      a.map = value();
+    else if (k == "--read-ahead")
+      a.read_ahead = std::stoull(value());
     else if (k == "--label")
       a.label = value();
     else if (!k.empty() && k[0] != '-' && a.mode.empty())
@@ -72,19 +84,32 @@ Args parse(int argc, char** argv) {
   }
   if (a.mode.empty()) usage("no mode given");
   if (a.data.empty()) usage("--data DIR is required");
+  if (!a.map.empty() && a.map != "identity" && a.map != "remap") usage("unknown map " + a.map);
   return a;
 }
 
 constexpr std::uint64_t kLength = 2048;
 constexpr std::uint64_t kBatch = 8;
 
+// A vocabulary lookup's work per token: a few rounds of integer mixing, the result a uint16.
+void remap(Sample& s, MapContext&) {
+  for (auto& t : s.at("tokens").values<std::uint16_t>()) {
+    std::uint32_t x = t;
+    for (int r = 0; r < 4; ++r) x = (x ^ (x >> 7)) * 0x9E3779B1u + 0x7F4A7C15u;
+    t = static_cast<std::uint16_t>(x >> 16);
+  }
+}
+
 Pipeline w2(const Args& a) {
-  return Pipeline::Builder()
-      .seed(1234)
+  Pipeline::Builder b;
+  b.seed(1234)
       .workers(a.workers)
       .add(indexed_node(), IndexedOptions{.paths = {a.data + "/*.idx"}})
-      .shuffle({.mode = ShuffleMode::kGlobal})
-      .pack({.length = kLength, .separator = 0, .doc_ids = a.doc_ids})
+      .shuffle({.mode = ShuffleMode::kGlobal});
+  if (a.map == "identity") b.map([](Sample&, MapContext&) {}, {.name = "identity"});
+  if (a.map == "remap") b.map(remap, {.name = "remap"});
+  return b
+      .pack({.length = kLength, .separator = 0, .doc_ids = a.doc_ids, .read_ahead = a.read_ahead})
       .batch({.size = kBatch})
       .build();
 }
@@ -92,6 +117,10 @@ Pipeline w2(const Args& a) {
 void emit(json j, const Args& a) {
   j["impl"] = "flowstate";
   j["workers"] = a.workers;
+  if (!a.map.empty()) {
+    j["map"] = a.map;
+    j["read_ahead"] = a.read_ahead;
+  }
   if (!a.label.empty()) j["label"] = a.label;
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);

@@ -21,8 +21,8 @@ const NodeDef& pack_node() {
         const SampleReader* reader = ctx.reader();
         // No map between the store and pack: documents can be planned from store views.
         const bool direct = reads_store_unmapped(reader, ctx.store());
-        auto pack =
-            std::make_unique<PackNode>(ctx.name(), o, reader, ctx.store(), ctx.source_id(), direct);
+        auto pack = std::make_unique<PackNode>(ctx.name(), o, reader, ctx.store(), ctx.source_id(),
+                                               direct, ctx.parallel_for());
         const RecordStore* store = pack.get();
         ctx.add_store(std::move(pack), store);
       },
@@ -42,13 +42,15 @@ const NodeDef& pack_node() {
 }
 
 PackNode::PackNode(std::string name, PackOptions options, const SampleReader* reader,
-                   const RecordStore* upstream_store, std::uint32_t source_id, bool direct)
+                   const RecordStore* upstream_store, std::uint32_t source_id, bool direct,
+                   ParallelFor parallel)
     : StatefulSpineNode(std::move(name)),
       options_(std::move(options)),
       reader_(reader),
       upstream_store_(upstream_store),
       source_id_(source_id),
       direct_(direct),
+      parallel_(std::move(parallel)),
       field_(field_id(options_.field)),
       ids_field_(field_id(options_.field + "_doc_ids")) {
   if (options_.length == 0)
@@ -69,10 +71,12 @@ void PackNode::start_epoch(std::uint64_t epoch) {
   state_ = PackState{.epoch = epoch};
   carry_doc_ = Document();
   upstream_done_ = false;
+  clear_ahead();
 }
 
 void PackNode::on_restored() {
   upstream_done_ = false;
+  clear_ahead();
   carry_doc_ = state_.has_carry ? load_document(state_.carry) : Document();
   if (state_.has_carry && state_.carry_at >= extent(carry_doc_))
     throw CheckpointError("state", "pack '" + name() + "' resumes " +
@@ -97,20 +101,22 @@ void PackNode::check_dtype(const Ref& ref, DType d, const Shape& shape) {
 }
 
 PackNode::Document PackNode::load_document(const Ref& ref) {
-  Document doc;
-  std::optional<RecordView> view;
-  if (direct_) view = upstream_store_->view(ref, field_);
-  if (view) {
-    // Only the length is needed now; the workers copy the tokens from where they lie.
-    const std::size_t es = dtype_size(view->dtype);
-    doc.numel = view->bytes.size() / es;
-    check_dtype(ref, view->dtype, Shape{static_cast<std::int64_t>(doc.numel)});
-    doc.data = view->bytes.data();
-    return doc;  // a view stays valid while the store lives: nothing to release
+  if (direct_) {
+    if (auto view = upstream_store_->view(ref, field_)) {
+      // Only the length is needed now; the workers copy the tokens from where they lie.
+      Document doc;
+      doc.numel = view->bytes.size() / dtype_size(view->dtype);
+      check_dtype(ref, view->dtype, Shape{static_cast<std::int64_t>(doc.numel)});
+      doc.data = view->bytes.data();
+      return doc;  // a view stays valid while the store lives: nothing to release
+    }
   }
   Sample s;
   reader_->read(ref, state_.epoch, s);
-  const Tensor* t = s.find(field_);
+  return from_read(ref, s.find(field_));
+}
+
+PackNode::Document PackNode::from_read(const Ref& ref, const Tensor* t) {
   if (t == nullptr)
     throw DataError("", DataError::kNoOffset,
                     "pack '" + name() + "': record " + ref.to_string() + " has no field '" +
@@ -118,10 +124,68 @@ PackNode::Document PackNode::load_document(const Ref& ref) {
   check_dtype(ref, t->dtype(), t->shape());
   const Ref one[] = {ref};
   upstream_store_->release(one);  // the tokens live on in `*t`; the store may drop its copy
+  Document doc;
   doc.owner = t->buffer();
   doc.data = static_cast<const std::byte*>(t->data());
   doc.numel = static_cast<std::uint64_t>(t->numel());
   return doc;
+}
+
+void PackNode::clear_ahead() {
+  ahead_.clear();
+  ahead_next_ = 0;
+  ahead_size_ = 0;
+}
+
+void PackNode::read_ahead(std::uint64_t at) {
+  // Small at first (a first batch after a start or a restore waits for little), then doubling.
+  ahead_size_ = std::min(std::max<std::uint64_t>(ahead_size_ * 2, 16), options_.read_ahead);
+  const std::uint64_t n = std::min(ahead_size_, upstream_->size(state_.epoch) - at);
+  ahead_.clear();
+  ahead_.resize(n);
+  ahead_next_ = 0;
+  ahead_at_ = at;
+  for (std::uint64_t i = 0; i < n; ++i) ahead_[i].ref = upstream_->at(state_.epoch, at + i);
+  parallel_(n, [&](std::size_t i) {
+    Ahead& a = ahead_[i];
+    try {
+      Sample s;
+      reader_->read(a.ref, state_.epoch, s);
+      if (const Tensor* t = s.find(field_)) {
+        a.tokens = *t;
+        a.found = true;
+      }
+    } catch (...) {
+      a.error = std::current_exception();  // thrown if and when pack reaches this document
+    }
+  });
+}
+
+PackNode::Document PackNode::next_document(const Ref& ref) {
+  const std::uint64_t at = state_.documents;  // `ref`'s position in the upstream's epoch
+  const bool windowed = !ahead_off_ && options_.read_ahead > 1 && parallel_;
+  if (!windowed || (direct_ && upstream_store_->view(ref, field_))) return load_document(ref);
+  if (ahead_next_ == ahead_.size() || ahead_at_ + ahead_next_ != at) {
+    if (!upstream_->indexed()) {
+      ahead_off_ = true;
+      return load_document(ref);
+    }
+    read_ahead(at);
+  }
+  if (ahead_next_ == ahead_.size() || !(ahead_[ahead_next_].ref == ref)) {
+    // The upstream's at() and pull() disagree: read one by one from here on.
+    ahead_off_ = true;
+    clear_ahead();
+    return load_document(ref);
+  }
+  Ahead& a = ahead_[ahead_next_++];
+  if (a.error) {
+    std::exception_ptr e = std::move(a.error);
+    clear_ahead();
+    std::rethrow_exception(e);
+  }
+  Tensor tokens = std::move(a.tokens);
+  return from_read(ref, a.found ? &tokens : nullptr);
 }
 
 void PackNode::publish(std::span<const Ref> refs) {
@@ -171,7 +235,7 @@ std::size_t PackNode::pull(std::span<Ref> out) {
           upstream_done_ = true;
           break;
         }
-        carry_doc_ = load_document(next);
+        carry_doc_ = next_document(next);
         ++state_.documents;
         state_.carry = next;
         state_.carry_at = 0;

@@ -8,8 +8,14 @@
 // in memory (RecordStore::view: the `indexed` source, from its index, O(1)) and no map comes
 // between it and pack, the spine reads no token at all, and the parallel workers copy each
 // piece once, straight from the mapped file into the batch buffer (RecordStore::gather).
-// Otherwise the spine reads each document once (through the maps before pack) and the rows
-// hold shared views of those tokens until the batch that contains them is assembled.
+// Otherwise each document is read once (through the maps before pack — a tokenizer) and the
+// rows hold shared views of those tokens until the batch that contains them is assembled.
+// Where pack's upstream gives random access (a source, shard, global shuffle), those reads run
+// ahead of the spine's position and in parallel: a window of the next `read_ahead` documents
+// (`upstream->at(epoch, documents + k)`) is read at once on the pipeline's workers, and each
+// Ref pack then pulls is checked against the window's front. The window is never part of the
+// state (a restore or a new epoch drops it), and a read that failed throws when pack reaches
+// that document, as it would have without the window.
 //
 // Its state is stamped by reference: the epoch, the rows emitted, and the carry-over — the
 // Ref of the document the next row starts in and how far into it — never tokens. A restore
@@ -29,6 +35,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +56,9 @@ struct PackOptions {
   bool drop_remainder = true;    ///< drop the epoch's last partial row (else pad it)
   std::int64_t pad = 0;          ///< the token padding a partial last row
   bool doc_ids = false;          ///< add `<field>_doc_ids`: each token's document in its row
+  /// Documents read ahead of the spine, in parallel, where they must be read (maps before
+  /// pack) and the upstream gives random access; 0 reads them one by one. Never changes rows.
+  std::uint64_t read_ahead = 256;
 
   static constexpr auto table() {
     using O = PackOptions;
@@ -63,6 +73,11 @@ struct PackOptions {
               {.doc = "add '<field>_doc_ids', int32 per token: the index of its document in "
                       "the row (padding: -1), for attention that does not cross documents",
                .describe_if = [](const O& o) { return o.doc_ids; }}),
+        param("read_ahead", &O::read_ahead,
+              {.max = 1 << 20,
+               .free = true,
+               .doc = "documents read ahead in parallel when they must be read (a map before "
+                      "pack) and the upstream is indexed; 0: one by one"}),
     };
   }
   /// pack needs a token field.
@@ -93,9 +108,11 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   /// `reader` reads an upstream Ref as pack sees it (maps before pack applied); `upstream_store`
   /// gets each document's Ref back once its tokens are held. `source_id` goes into the rows'
   /// Refs. With `direct` (no map between the store and pack), documents the store can view()
-  /// are planned from their length and never read in the spine.
+  /// are planned from their length and never read in the spine. `parallel` reads documents
+  /// ahead of the spine (none: one by one).
   PackNode(std::string name, PackOptions options, const SampleReader* reader,
-           const RecordStore* upstream_store, std::uint32_t source_id, bool direct = false);
+           const RecordStore* upstream_store, std::uint32_t source_id, bool direct = false,
+           ParallelFor parallel = {});
 
   std::uint64_t size(std::uint64_t epoch) const override;
   void start_epoch(std::uint64_t epoch) override;
@@ -136,6 +153,15 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   /// Looks at (view) or reads a document's tokens, checking they are 1-D integers of the
   /// pack's dtype, and hands the Ref back to the upstream store.
   Document load_document(const Ref& ref);
+  /// The document `ref` that the spine pulled as the epoch's `state_.documents`-th: from the
+  /// read-ahead window where it can be, else load_document.
+  Document next_document(const Ref& ref);
+  /// A document read through the maps: `tokens` is its field (null when it has none).
+  Document from_read(const Ref& ref, const Tensor* tokens);
+  /// Reads the upstream's documents [at, at + n) of this epoch into the window, in parallel.
+  void read_ahead(std::uint64_t at);
+  /// Drops the window (a new epoch, a restore).
+  void clear_ahead();
   /// Throws DataError unless `d` is an integer dtype equal to the earlier documents'.
   void check_dtype(const Ref& ref, DType d, const Shape& shape);
   std::uint64_t extent(const Document& doc) const {
@@ -166,9 +192,22 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   bool direct_;
   FieldId field_;
   FieldId ids_field_;
-  std::optional<DType> dtype_;  ///< of the first document read; every one must match
-  Document carry_doc_;          ///< the tokens of state_.carry while has_carry
-  bool upstream_done_ = false;  ///< the upstream's epoch has ended
+  ParallelFor parallel_;
+  /// A document read ahead: its field, or the error its read threw (thrown when pack gets there).
+  struct Ahead {
+    Ref ref;
+    Tensor tokens;
+    bool found = false;
+    std::exception_ptr error;
+  };
+  std::vector<Ahead> ahead_;      ///< documents [ahead_at_, ahead_at_ + size) of the epoch
+  std::size_t ahead_next_ = 0;    ///< the next one the spine takes
+  std::uint64_t ahead_at_ = 0;    ///< the upstream position of ahead_[0]
+  std::uint64_t ahead_size_ = 0;  ///< the next window's size: grows to read_ahead from 16
+  bool ahead_off_ = false;        ///< the upstream is not indexed, or at() disagreed with pull()
+  std::optional<DType> dtype_;    ///< of the first document read; every one must match
+  Document carry_doc_;            ///< the tokens of state_.carry while has_carry
+  bool upstream_done_ = false;    ///< the upstream's epoch has ended
   // The spine's: a pull's rows until they go in flight, and released rows to plan into (a
   // row's pieces keep their capacity: no allocation per row once running).
   std::vector<std::unique_ptr<Row>> planned_, spare_;

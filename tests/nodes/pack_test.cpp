@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
@@ -354,6 +357,112 @@ TEST_F(PackIndexedTest, ResumesInTheMiddleOfADocument) {
     again.load_state(state);
     for (auto& b : field_bytes(again, "tokens")) got.push_back(std::move(b));
     EXPECT_EQ(got, want) << "resumed after " << k << " batches";
+  }
+}
+
+/// Documents that must be read (a map before pack) are read ahead of the spine in parallel;
+/// the rows, the states and the errors are those of reading them one by one.
+class PackReadAheadTest : public PackIndexedTest {
+ protected:
+  static PackOptions with(std::uint64_t read_ahead) {
+    return {.length = 16,
+            .separator = 0,
+            .drop_remainder = false,
+            .doc_ids = true,
+            .read_ahead = read_ahead};
+  }
+};
+
+TEST_F(PackReadAheadTest, RowsEqualRowsReadOneByOne) {
+  // Windows of 2, 5 and 256 documents (the first ones of 16, then doubling) against none.
+  for (int workers : {1, 2}) {
+    Loader one_by_one(make(with(0), true), {.epochs = 2, .workers = workers});
+    const auto want = field_bytes(one_by_one, "tokens");
+    ASSERT_GT(want.size(), 20u);
+    for (std::uint64_t window : {2, 5, 256}) {
+      Loader ahead(make(with(window), true), {.epochs = 2, .workers = workers});
+      EXPECT_EQ(field_bytes(ahead, "tokens"), want) << window << ", " << workers << " workers";
+    }
+  }
+}
+
+TEST_F(PackReadAheadTest, PassesTheSaveRestoreOracleInsideRowsAndAcrossEpochs) {
+  // Windows that end inside rows and across the epoch's end; restored with other workers.
+  for (std::uint64_t window : {3, 256}) {
+    auto make_it = [&] { return make(with(window), true); };
+    testing::expect_save_restore(make_it, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+    testing::expect_save_restore(make_it, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
+  }
+  // A filter before the map: pack's upstream is not indexed, it reads one by one.
+  auto filtered = [&] { return make(with(256), true, false, true); };
+  testing::expect_save_restore(filtered, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
+}
+
+TEST_F(PackReadAheadTest, ReadsInParallel) {
+  // The map before pack (a tokenizer's place) runs on more than one thread at once with a
+  // window, and never without one (the serial spine reads).
+  auto max_concurrent = [&](std::uint64_t window) {
+    std::atomic<int> now{0}, most{0};
+    Pipeline::Builder b;
+    b.seed(3)
+        .add(indexed_node(), IndexedOptions{.paths = {dir_ / "*.idx"}})
+        .shuffle({.mode = ShuffleMode::kGlobal})
+        .map(
+            [&](Sample&, MapContext&) {
+              const int n = ++now;
+              int m = most.load();
+              while (n > m && !most.compare_exchange_weak(m, n)) {
+              }
+              std::this_thread::sleep_for(std::chrono::microseconds(500));
+              --now;
+            },
+            {.name = "slow_tokenizer"})
+        .pack(with(window))
+        .batch({.size = 3});
+    Loader l(b.build(), {.epochs = 1, .workers = 2});
+    while (l.next()) {
+    }
+    return most.load();
+  };
+  EXPECT_EQ(max_concurrent(0), 1);
+  EXPECT_GE(max_concurrent(64), 2);
+}
+
+TEST_F(PackReadAheadTest, AReadErrorStopsAtTheSameBatchAsWithoutAWindow) {
+  // Document 37 cannot be read: with and without a window the same batches come first and the
+  // same error follows; the documents read ahead after it change nothing.
+  auto run = [&](std::uint64_t window) {
+    Pipeline::Builder b;
+    b.seed(3)
+        .add(indexed_node(), IndexedOptions{.paths = {dir_ / "*.idx"}})
+        .shuffle({.mode = ShuffleMode::kGlobal})
+        .map(
+            [](Sample& s, MapContext&) {
+              if (s.ref.index == 37) throw DataError("doc37.txt", 12, "cannot tokenize");
+            },
+            {.name = "tokenizer"})
+        .pack(with(window))
+        .batch({.size = 1});
+    Loader l(b.build(), {.epochs = 1, .workers = 2});
+    std::vector<std::vector<std::byte>> got;
+    try {
+      while (auto batch = l.next()) {
+        const auto* p = static_cast<const std::byte*>(batch->fields.at("tokens").data());
+        got.emplace_back(p, p + batch->fields.at("tokens").nbytes());
+      }
+    } catch (const DataError& e) {
+      return std::pair{got, e.file() + "@" + std::to_string(e.offset()) + ": " + e.what()};
+    }
+    return std::pair{got, std::string("no error")};
+  };
+  const auto want = run(0);
+  EXPECT_NE(want.second.find("cannot tokenize"), std::string::npos) << want.second;
+  EXPECT_EQ(want.second.rfind("doc37.txt@12: ", 0), 0u) << want.second;
+  EXPECT_FALSE(want.first.empty());
+  for (std::uint64_t window : {4, 256}) {
+    const auto got = run(window);
+    EXPECT_EQ(got.first, want.first) << window;
+    EXPECT_EQ(got.second, want.second) << window;
   }
 }
 
