@@ -50,9 +50,9 @@ PackNode::PackNode(std::string name, PackOptions options, const SampleReader* re
       upstream_store_(upstream_store),
       source_id_(source_id),
       direct_(direct),
-      parallel_(std::move(parallel)),
       field_(field_id(options_.field)),
-      ids_field_(field_id(options_.field + "_doc_ids")) {
+      ids_field_(field_id(options_.field + "_doc_ids")),
+      parallel_(std::move(parallel)) {
   if (options_.length == 0)
     throw ConfigError(this->name() + ".length", "pack length must be greater than zero");
   if (!upstream_store_->rereadable())

@@ -110,34 +110,36 @@ Tensor json_tensor(simdjson::dom::element v, const std::string& key, std::string
     }
     case T::ARRAY: {
       const simdjson::dom::array a = v.get_array().value_unsafe();
+      const auto n = static_cast<std::int64_t>(a.size());
+      // One pass for the usual case, an array of integers: one call per element (get_int64
+      // checks the type itself); the first element that is not an int64 decides the rest.
       bool integers = true;
+      std::optional<std::uint64_t> too_big;  // an integer beyond int64 (an error unless floats)
+      Tensor ints(DType::kInt64, Shape{n});
+      std::int64_t* at = ints.values<std::int64_t>().data();
       for (simdjson::dom::element e : a) {
+        auto r = e.get_int64();
+        if (r.error() == simdjson::SUCCESS) {
+          *at++ = r.value_unsafe();
+          continue;
+        }
         const T t = e.type();
-        if (t != T::INT64 && t != T::UINT64 && t != T::DOUBLE) {
+        if (t == T::DOUBLE) {
+          integers = false;  // the float64 path below reads the whole array again
+        } else if (t == T::UINT64) {
+          if (!too_big) too_big = e.get_uint64().value_unsafe();
+          ++at;
+        } else {
           error = what + "is an array with an element of type " + type_name(t) +
                   "; arrays must hold numbers only";
           return {};
         }
-        if (t == T::DOUBLE) integers = false;
       }
-      const auto n = static_cast<std::int64_t>(a.size());
-      if (integers) {
-        Tensor t(DType::kInt64, Shape{n});
-        std::int64_t* out = t.values<std::int64_t>().data();
-        for (simdjson::dom::element e : a) {
-          if (e.type() == T::UINT64) {
-            const std::uint64_t u = e.get_uint64().value_unsafe();
-            if (u > kMax) {
-              error = what + "holds " + std::to_string(u) + ", outside the int64 range";
-              return {};
-            }
-            *out++ = static_cast<std::int64_t>(u);
-          } else {
-            *out++ = e.get_int64().value_unsafe();
-          }
-        }
-        return t;
+      if (integers && too_big) {
+        error = what + "holds " + std::to_string(*too_big) + ", outside the int64 range";
+        return {};
       }
+      if (integers) return ints;
       Tensor t(DType::kFloat64, Shape{n});
       double* out = t.values<double>().data();
       for (simdjson::dom::element e : a) {

@@ -442,11 +442,13 @@ TEST(LinesSource, ReadsJsonIntegersExactlyOrRefusesThem) {
   // An integer beyond 64 bits is refused with its place, never read as an inexact double
   // that would also turn its whole array into float64.
   TempDir dir;
-  testing::write_lines(dir / "a.jsonl",
-                       {R"({"v": [9007199254740993, 1], "s": "123456789012345678901234567890"})",
-                        R"({"v": [9007199254740993, 18446744073709551616], "s": ""})",
-                        R"({"s": "x", "v": -9223372036854775809})",
-                        R"({"v": [1.5, -9223372036854775808], "s": "99999999999999999999"})"});
+  testing::write_lines(
+      dir / "a.jsonl",
+      {R"({"v": [9007199254740993, 1], "s": "123456789012345678901234567890"})",
+       R"({"v": [9007199254740993, 18446744073709551616], "s": ""})",
+       R"({"s": "x", "v": -9223372036854775809})",
+       R"({"v": [1.5, -9223372036854775808], "s": "99999999999999999999"})",
+       R"({"v": [18446744073709551615, 0.5], "s": ""})", R"({"v": [1, 0.5, "x"], "s": ""})"});
   LinesSource src(
       "lines",
       {.paths = {dir / "a.jsonl"}, .format = LinesFormat::kJsonl, .json_fields = {"v", "s"}});
@@ -465,6 +467,14 @@ TEST(LinesSource, ReadsJsonIntegersExactlyOrRefusesThem) {
   src.read(src.at(0, 3), f);  // a float makes the array float64; its integer fits
   ASSERT_EQ(f.at("v").dtype(), DType::kFloat64);
   EXPECT_EQ(f.at("v").values<double>()[1], -9223372036854775808.0);
+  // An unsigned integer beyond int64 in an array of floats is a float, as in any float array;
+  // after a float, the rest of the array is still checked.
+  Sample g;
+  src.read(src.at(0, 4), g);
+  ASSERT_EQ(g.at("v").dtype(), DType::kFloat64);
+  EXPECT_EQ(g.at("v").values<double>()[0], 18446744073709551615.0);
+  EXPECT_EQ(g.at("v").values<double>()[1], 0.5);
+  EXPECT_THAT(read_error(src, 5), HasSubstr("key 'v' is an array with an element of type string"));
 }
 
 // ---- opening ----

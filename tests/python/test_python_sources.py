@@ -274,9 +274,10 @@ def test_a_shuffled_generator_resumes_without_reproducing_the_consumed_prefix():
     calls["next"] = 0
     b.load_state_dict(sd)
     assert next(b)["v"].tolist() == expected
-    # About four buffers re-produced to rebuild the buffer, plus the batch and what the graph
-    # prepares ahead: never the 3000 consumed.
-    assert calls["next"] < 200, calls
+    # About four buffers (80 items) re-produced to rebuild the buffer, plus what the graph
+    # prepares ahead — cheap batches travel in groups of up to 32 (192 items), and a message or
+    # two may be in flight: never the 3000 consumed.
+    assert calls["next"] < 600, calls
 
 
 def test_the_interpreter_exits_cleanly_with_a_loader_running_python_callbacks(tmp_path):
