@@ -26,6 +26,10 @@ class TimedUpstream final : public SpineNode {
     scope.set_items(n);
     return n;
   }
+  std::size_t upcoming(std::span<Ref> out) override {
+    SpineScope scope(c_);  // the upstream's work (a filter deciding ahead) is its own time
+    return inner_->upcoming(out);
+  }
   std::shared_ptr<const NodeSnapshot> snapshot() const override { return inner_->snapshot(); }
   void restore(InArchive& ar) override { inner_->restore(ar); }
 

@@ -49,13 +49,131 @@ std::uint64_t FilterNode::size(std::uint64_t epoch) const {
   return upstream_->size(epoch) == 0 ? 0 : kUnknownSize;
 }
 
+namespace {
+/// The largest window of decisions made ahead (the first ones after a start are 16).
+constexpr std::size_t kFilterReadAhead = 256;
+/// Fewer reads than this are not worth a parallel loop.
+constexpr std::size_t kParallelMin = 16;
+}  // namespace
+
 void FilterNode::start_epoch(std::uint64_t epoch) {
   upstream_->start_epoch(epoch);
-  state_.epoch = epoch;
-  state_.dropped = 0;
+  state_ = FilterState{.epoch = epoch};
+  clear_window();
+}
+
+void FilterNode::clear_window() {
+  window_.clear();
+  window_size_ = 0;
+}
+
+bool FilterNode::decide(const Ref& ref) {
+  if (by_length_) {
+    if (auto v = store_->view(ref, by_length_->field)) {
+      const auto n = static_cast<double>(v->bytes.size() / dtype_size(v->dtype));
+      return n >= by_length_->min && n <= by_length_->max;
+    }
+  }
+  Sample s;
+  try {
+    reader_->read(ref, state_.epoch, s);
+  } catch (...) {
+    rethrow_with_node(std::current_exception(), name());
+  }
+  MapContext ctx{state_.epoch, ElementRng(key_, element_stream(state_.epoch, ref.record()))};
+  try {
+    return fn_(s, ctx);
+  } catch (...) {
+    rethrow_with_node(std::current_exception(), name());
+  }
+}
+
+bool FilterNode::windowed() {
+  return !window_off_ && parallel_ && state_.consumed != kUnknownSize && upstream_->indexed();
+}
+
+bool FilterNode::extend_window(std::size_t max) {
+  const std::uint64_t begin = state_.consumed + window_.size();
+  const std::uint64_t size = upstream_->size(state_.epoch);
+  if (begin >= size) return false;
+  window_size_ = std::min(std::max<std::size_t>(window_size_ * 2, kParallelMin), max);
+  const std::size_t n =
+      static_cast<std::size_t>(std::min<std::uint64_t>(window_size_, size - begin));
+  const std::size_t first = window_.size();
+  window_.resize(first + n);
+  for (std::size_t i = 0; i < n; ++i)
+    window_[first + i].ref = upstream_->at(state_.epoch, begin + i);
+  auto one = [&](std::size_t i) {
+    Decided& d = window_[first + i];
+    try {
+      d.keep = decide(d.ref) ? 1 : 0;
+    } catch (...) {
+      d.error = std::current_exception();  // thrown if and when the filter pulls this Ref
+    }
+  };
+  // Lengths from views cost a few loads each: not worth a parallel loop.
+  const bool cheap = by_length_ && store_->view(window_[first].ref, by_length_->field).has_value();
+  if (n < kParallelMin || cheap) {
+    for (std::size_t i = 0; i < n; ++i) one(i);
+  } else {
+    parallel_(n, one);
+  }
+  return true;
+}
+
+std::size_t FilterNode::upcoming(std::span<Ref> out) {
+  if (!windowed()) return 0;
+  std::size_t n = 0, i = 0;
+  while (n < out.size()) {
+    if (i == window_.size() && !extend_window(kFilterReadAhead)) break;
+    const Decided& d = window_[i++];
+    if (d.error) break;  // nothing is known past an error
+    if (d.keep != 0) out[n++] = d.ref;
+  }
+  return n;
+}
+
+std::size_t FilterNode::pull_windowed(std::span<Ref> out) {
+  // Take decisions from the window until `out` is full (the Ref that fills it is the last one
+  // consumed, as when deciding what is pulled), then pull exactly those from the upstream.
+  std::size_t n = 0, used = 0;
+  while (n < out.size()) {
+    if (used == window_.size() && !extend_window(kFilterReadAhead)) break;
+    const Decided& d = window_[used++];
+    if (d.keep != 0 || d.error) ++n;  // an error stops here: it is thrown below, in order
+    if (d.error) break;
+  }
+  chunk_.resize(used);
+  const std::size_t got = upstream_->pull(chunk_);
+  n = 0;
+  dropped_.clear();
+  for (std::size_t i = 0; i < got; ++i) {
+    const Decided& d = window_[i];
+    // A Ref other than the window's: the upstream's at() and pull() disagree; decide what is
+    // pulled from here on.
+    if (!(d.ref == chunk_[i])) window_off_ = true;
+    bool keep = false;
+    if (window_off_) {
+      keep = decide(chunk_[i]);
+    } else {
+      if (d.error) std::rethrow_exception(d.error);
+      keep = d.keep != 0;
+    }
+    if (keep)
+      out[n++] = chunk_[i];
+    else
+      dropped_.push_back(chunk_[i]);
+  }
+  window_.erase(window_.begin(), window_.begin() + static_cast<std::ptrdiff_t>(used));
+  if (window_off_) clear_window();
+  state_.consumed += got;
+  state_.dropped += dropped_.size();
+  if (store_ != nullptr && !dropped_.empty()) store_->release(dropped_);
+  return n;
 }
 
 std::size_t FilterNode::pull(std::span<Ref> out) {
+  if (windowed()) return pull_windowed(out);
   std::size_t n = 0;
   while (n < out.size()) {
     // Exactly the shortfall: every Ref pulled is decided now, none waits in this node.
@@ -63,35 +181,14 @@ std::size_t FilterNode::pull(std::span<Ref> out) {
     chunk_.resize(want);
     const std::size_t got = upstream_->pull(chunk_);
     keep_.assign(got, 0);
-    auto decide = [&](std::size_t i) {
-      if (by_length_) {
-        if (auto v = store_->view(chunk_[i], by_length_->field)) {
-          const auto n = static_cast<double>(v->bytes.size() / dtype_size(v->dtype));
-          keep_[i] = n >= by_length_->min && n <= by_length_->max ? 1 : 0;
-          return;
-        }
-      }
-      Sample s;
-      try {
-        reader_->read(chunk_[i], state_.epoch, s);
-      } catch (...) {
-        rethrow_with_node(std::current_exception(), name());
-      }
-      MapContext ctx{state_.epoch,
-                     ElementRng(key_, element_stream(state_.epoch, chunk_[i].record()))};
-      try {
-        keep_[i] = fn_(s, ctx) ? 1 : 0;
-      } catch (...) {
-        rethrow_with_node(std::current_exception(), name());
-      }
-    };
+    auto one = [&](std::size_t i) { keep_[i] = decide(chunk_[i]) ? 1 : 0; };
     // Lengths from views cost a few loads each: not worth a parallel loop.
     const bool cheap =
         by_length_ && got > 0 && store_->view(chunk_[0], by_length_->field).has_value();
-    if (got < 16 || !parallel_ || cheap) {
-      for (std::size_t i = 0; i < got; ++i) decide(i);
+    if (got < kParallelMin || !parallel_ || cheap) {
+      for (std::size_t i = 0; i < got; ++i) one(i);
     } else {
-      parallel_(got, decide);
+      parallel_(got, one);
     }
     dropped_.clear();
     for (std::size_t i = 0; i < got; ++i) {
@@ -100,6 +197,7 @@ std::size_t FilterNode::pull(std::span<Ref> out) {
       else
         dropped_.push_back(chunk_[i]);
     }
+    if (state_.consumed != kUnknownSize) state_.consumed += got;
     state_.dropped += dropped_.size();
     if (store_ != nullptr && !dropped_.empty()) store_->release(dropped_);
     if (got < want) break;  // the upstream's epoch ended

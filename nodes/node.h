@@ -54,6 +54,11 @@ class SpineNode {
   virtual void start_epoch(std::uint64_t epoch) = 0;
   /// Writes up to out.size() Refs; returns how many. Fewer than asked only at the epoch's end.
   virtual std::size_t pull(std::span<Ref> out) = 0;
+  /// Writes the Refs the next pulls will return, as many as this node can tell (up to
+  /// out.size()) without changing its state or what pull returns; 0 when it cannot tell. A
+  /// node that is not indexed() but decides ahead (a filter over an indexed upstream) says
+  /// here what it will pass on, so the node after it can read those records ahead (pack).
+  virtual std::size_t upcoming(std::span<Ref> /*out*/) { return 0; }
 
   /// An immutable copy of the node's state.
   virtual std::shared_ptr<const NodeSnapshot> snapshot() const = 0;

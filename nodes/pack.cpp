@@ -71,11 +71,13 @@ void PackNode::start_epoch(std::uint64_t epoch) {
   state_ = PackState{.epoch = epoch};
   carry_doc_ = Document();
   upstream_done_ = false;
+  ahead_off_ = false;
   clear_ahead();
 }
 
 void PackNode::on_restored() {
   upstream_done_ = false;
+  ahead_off_ = false;
   clear_ahead();
   carry_doc_ = state_.has_carry ? load_document(state_.carry) : Document();
   if (state_.has_carry && state_.carry_at >= extent(carry_doc_))
@@ -137,15 +139,25 @@ void PackNode::clear_ahead() {
   ahead_size_ = 0;
 }
 
-void PackNode::read_ahead(std::uint64_t at) {
+bool PackNode::read_ahead(std::uint64_t at) {
   // Small at first (a first batch after a start or a restore waits for little), then doubling.
   ahead_size_ = std::min(std::max<std::uint64_t>(ahead_size_ * 2, 16), options_.read_ahead);
-  const std::uint64_t n = std::min(ahead_size_, upstream_->size(state_.epoch) - at);
   ahead_.clear();
-  ahead_.resize(n);
   ahead_next_ = 0;
   ahead_at_ = at;
-  for (std::uint64_t i = 0; i < n; ++i) ahead_[i].ref = upstream_->at(state_.epoch, at + i);
+  std::size_t n = 0;
+  if (upstream_->indexed()) {
+    n = std::min(ahead_size_, upstream_->size(state_.epoch) - at);
+    ahead_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) ahead_[i].ref = upstream_->at(state_.epoch, at + i);
+  } else {
+    // A node that decides ahead (a filter over an indexed upstream) tells what comes next.
+    thread_local std::vector<Ref> refs;
+    refs.resize(ahead_size_);
+    n = upstream_->upcoming(refs);
+    ahead_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) ahead_[i].ref = refs[i];
+  }
   parallel_(n, [&](std::size_t i) {
     Ahead& a = ahead_[i];
     try {
@@ -159,6 +171,7 @@ void PackNode::read_ahead(std::uint64_t at) {
       a.error = std::current_exception();  // thrown if and when pack reaches this document
     }
   });
+  return n > 0;
 }
 
 PackNode::Document PackNode::next_document(const Ref& ref) {
@@ -166,14 +179,15 @@ PackNode::Document PackNode::next_document(const Ref& ref) {
   const bool windowed = !ahead_off_ && options_.read_ahead > 1 && parallel_;
   if (!windowed || (direct_ && upstream_store_->view(ref, field_))) return load_document(ref);
   if (ahead_next_ == ahead_.size() || ahead_at_ + ahead_next_ != at) {
-    if (!upstream_->indexed()) {
+    if (!read_ahead(at)) {
+      // Nothing known ahead (an upstream that neither is indexed nor decides ahead, or one
+      // that stopped telling): one by one for the rest of the epoch.
       ahead_off_ = true;
       return load_document(ref);
     }
-    read_ahead(at);
   }
   if (ahead_next_ == ahead_.size() || !(ahead_[ahead_next_].ref == ref)) {
-    // The upstream's at() and pull() disagree: read one by one from here on.
+    // The upstream's at() (or upcoming()) and pull() disagree: one by one from here on.
     ahead_off_ = true;
     clear_ahead();
     return load_document(ref);

@@ -10,7 +10,8 @@
 // piece once, straight from the mapped file into the batch buffer (RecordStore::gather).
 // Otherwise each document is read once (through the maps before pack — a tokenizer) and the
 // rows hold shared views of those tokens until the batch that contains them is assembled.
-// Where pack's upstream gives random access (a source, shard, global shuffle), those reads run
+// Where pack's upstream gives random access (a source, shard, global shuffle) or tells what
+// it will pass on (a filter over such an upstream: SpineNode::upcoming), those reads run
 // ahead of the spine's position and in parallel: a window of the next `read_ahead` documents
 // (`upstream->at(epoch, documents + k)`) is read at once on the pipeline's workers, and each
 // Ref pack then pulls is checked against the window's front. The window is never part of the
@@ -158,8 +159,9 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   Document next_document(const Ref& ref);
   /// A document read through the maps: `tokens` is its field (null when it has none).
   Document from_read(const Ref& ref, const Tensor* tokens);
-  /// Reads the upstream's documents [at, at + n) of this epoch into the window, in parallel.
-  void read_ahead(std::uint64_t at);
+  /// Reads the upstream's next documents (from position `at` of the epoch: at() where it is
+  /// indexed, else what upcoming() tells) into the window, in parallel; false when none.
+  bool read_ahead(std::uint64_t at);
   /// Drops the window (a new epoch, a restore).
   void clear_ahead();
   /// Throws DataError unless `d` is an integer dtype equal to the earlier documents'.
@@ -204,10 +206,12 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   std::size_t ahead_next_ = 0;    ///< the next one the spine takes
   std::uint64_t ahead_at_ = 0;    ///< the upstream position of ahead_[0]
   std::uint64_t ahead_size_ = 0;  ///< the next window's size: grows to read_ahead from 16
-  bool ahead_off_ = false;        ///< the upstream is not indexed, or at() disagreed with pull()
-  std::optional<DType> dtype_;    ///< of the first document read; every one must match
-  Document carry_doc_;            ///< the tokens of state_.carry while has_carry
-  bool upstream_done_ = false;    ///< the upstream's epoch has ended
+  /// No window for the rest of the epoch: nothing known ahead (an upstream neither indexed nor
+  /// deciding ahead), or at()/upcoming() disagreed with pull().
+  bool ahead_off_ = false;
+  std::optional<DType> dtype_;  ///< of the first document read; every one must match
+  Document carry_doc_;          ///< the tokens of state_.carry while has_carry
+  bool upstream_done_ = false;  ///< the upstream's epoch has ended
   // The spine's: a pull's rows until they go in flight, and released rows to plan into (a
   // row's pieces keep their capacity: no allocation per row once running).
   std::vector<std::unique_ptr<Row>> planned_, spare_;

@@ -3,7 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <fstream>
+#include <sstream>
+#include <thread>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
@@ -230,6 +235,95 @@ TEST_F(FilterTest, PredicateErrorsNameTheFilter) {
     EXPECT_NE(std::string(e.what()).find("picky"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("bad 37"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(FilterTest, DecidesAheadInParallelOverAnIndexedUpstream) {
+  // A predicate that reads (here: slow) is decided for a window of the upstream's next Refs at
+  // once over a global shuffle (random access), even when batches are small; over a buffer
+  // shuffle (no random access) a chunk of 4 is decided one by one.
+  auto run = [&](ShuffleMode mode) {
+    std::atomic<int> now{0}, most{0};
+    std::vector<std::uint64_t> kept;
+    ShuffleOptions shuffle{.mode = mode};
+    if (mode == ShuffleMode::kBuffer) shuffle.size = 10;
+    Pipeline p = base()
+                     .shuffle(shuffle)
+                     .filter(
+                         [&](const Sample& s, MapContext&) {
+                           const int n = ++now;
+                           int m = most.load();
+                           while (n > m && !most.compare_exchange_weak(m, n)) {
+                           }
+                           std::this_thread::sleep_for(std::chrono::microseconds(300));
+                           --now;
+                           return index_of(s) % 3 != 0;
+                         },
+                         {.name = "slow"})
+                     .batch({.size = 4})
+                     .build();
+    Loader l(p, {.epochs = 1, .workers = 2});
+    while (auto b = l.next())
+      for (auto x : indices(*b)) kept.push_back(x);
+    std::sort(kept.begin(), kept.end());
+    std::vector<std::uint64_t> want;
+    for (std::uint64_t i = 0; i < 100; ++i)
+      if (i % 3 != 0) want.push_back(i);
+    EXPECT_EQ(kept, want);
+    return most.load();
+  };
+  EXPECT_GE(run(ShuffleMode::kGlobal), 2);
+  EXPECT_EQ(run(ShuffleMode::kBuffer), 1);
+}
+
+TEST_F(FilterTest, AnErrorDecidedAheadStopsWhereItIsPulled) {
+  // Record 37's predicate throws; records decided ahead after it change nothing: the batches
+  // before the error are those of a run whose predicate never throws, up to where 37 is needed.
+  auto make = [&](bool fail) {
+    return base()
+        .shuffle({.mode = ShuffleMode::kGlobal})
+        .filter(
+            [fail](const Sample& s, MapContext&) -> bool {
+              if (fail && index_of(s) == 37) throw DataError("", DataError::kNoOffset, "bad 37");
+              return index_of(s) % 2 == 0;
+            },
+            {.name = "picky"})
+        .batch({.size = 2})
+        .build();
+  };
+  Loader whole(make(false), {.epochs = 1});
+  std::vector<std::vector<std::uint64_t>> want;
+  while (auto b = whole.next()) want.push_back(indices(*b));
+  for (int workers : {1, 2}) {
+    Loader l(make(true), {.epochs = 1, .workers = workers});
+    std::vector<std::vector<std::uint64_t>> got;
+    try {
+      while (auto b = l.next()) got.push_back(indices(*b));
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad 37"), std::string::npos) << e.what();
+    }
+    ASSERT_LT(got.size(), want.size());
+    EXPECT_EQ(got,
+              std::vector(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(got.size())));
+  }
+}
+
+TEST(FilterStateVersions, AVersion1StateLeavesThePositionUnknown) {
+  // Version 1 held (epoch, dropped); a filter restored from it decides what it pulls (no
+  // window) until its next epoch, when its position is known again.
+  std::ostringstream os;
+  {
+    OutArchive ar(os);
+    FilterState old{.epoch = 3, .dropped = 7, .consumed = 99};
+    old.serialize(ar, 1);
+  }
+  std::istringstream is(os.str());
+  InArchive ar(is);
+  FilterState s;
+  s.serialize(ar, 1);
+  EXPECT_EQ(s.epoch, 3u);
+  EXPECT_EQ(s.dropped, 7u);
+  EXPECT_EQ(s.consumed, kUnknownSize);
 }
 
 TEST_F(FilterTest, NameAndParamsEnterTheFingerprint) {

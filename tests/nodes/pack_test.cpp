@@ -374,14 +374,18 @@ class PackReadAheadTest : public PackIndexedTest {
 };
 
 TEST_F(PackReadAheadTest, RowsEqualRowsReadOneByOne) {
-  // Windows of 2, 5 and 256 documents (the first ones of 16, then doubling) against none.
-  for (int workers : {1, 2}) {
-    Loader one_by_one(make(with(0), true), {.epochs = 2, .workers = workers});
-    const auto want = field_bytes(one_by_one, "tokens");
-    ASSERT_GT(want.size(), 20u);
-    for (std::uint64_t window : {2, 5, 256}) {
-      Loader ahead(make(with(window), true), {.epochs = 2, .workers = workers});
-      EXPECT_EQ(field_bytes(ahead, "tokens"), want) << window << ", " << workers << " workers";
+  // Windows of 2, 5 and 256 documents (the first ones of 16, then doubling) against none,
+  // with and without a filter (that reads) in front of pack.
+  for (bool filter : {false, true}) {
+    for (int workers : {1, 2}) {
+      Loader one_by_one(make(with(0), true, false, filter), {.epochs = 2, .workers = workers});
+      const auto want = field_bytes(one_by_one, "tokens");
+      ASSERT_GT(want.size(), 20u);
+      for (std::uint64_t window : {2, 5, 256}) {
+        Loader ahead(make(with(window), true, false, filter), {.epochs = 2, .workers = workers});
+        EXPECT_EQ(field_bytes(ahead, "tokens"), want)
+            << window << ", " << workers << " workers, filter " << filter;
+      }
     }
   }
 }
@@ -393,30 +397,37 @@ TEST_F(PackReadAheadTest, PassesTheSaveRestoreOracleInsideRowsAndAcrossEpochs) {
     testing::expect_save_restore(make_it, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
     testing::expect_save_restore(make_it, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
   }
-  // A filter before the map: pack's upstream is not indexed, it reads one by one.
-  auto filtered = [&] { return make(with(256), true, false, true); };
-  testing::expect_save_restore(filtered, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
+  // A filter before the map: pack's upstream is not indexed; the filter decides ahead and
+  // tells pack which documents it will pass on.
+  for (std::uint64_t window : {3, 256}) {
+    auto filtered = [&] { return make(with(window), true, false, true); };
+    testing::expect_save_restore(filtered, {.epochs = 2, .workers = 2},
+                                 {.epochs = 2, .workers = 1});
+  }
 }
 
 TEST_F(PackReadAheadTest, ReadsInParallel) {
   // The map before pack (a tokenizer's place) runs on more than one thread at once with a
-  // window, and never without one (the serial spine reads).
-  auto max_concurrent = [&](std::uint64_t window) {
+  // window, also behind a filter, and never without one (the serial spine reads).
+  auto max_concurrent = [&](std::uint64_t window, bool filter = false) {
     std::atomic<int> now{0}, most{0};
     Pipeline::Builder b;
     b.seed(3)
         .add(indexed_node(), IndexedOptions{.paths = {dir_ / "*.idx"}})
-        .shuffle({.mode = ShuffleMode::kGlobal})
-        .map(
-            [&](Sample&, MapContext&) {
-              const int n = ++now;
-              int m = most.load();
-              while (n > m && !most.compare_exchange_weak(m, n)) {
-              }
-              std::this_thread::sleep_for(std::chrono::microseconds(500));
-              --now;
-            },
-            {.name = "slow_tokenizer"})
+        .shuffle({.mode = ShuffleMode::kGlobal});
+    if (filter)
+      b.filter([](const Sample& s, MapContext&) { return s.at("tokens").numel() % 3 != 1; },
+               {.name = "not_1_mod_3"});
+    b.map(
+         [&](Sample&, MapContext&) {
+           const int n = ++now;
+           int m = most.load();
+           while (n > m && !most.compare_exchange_weak(m, n)) {
+           }
+           std::this_thread::sleep_for(std::chrono::microseconds(500));
+           --now;
+         },
+         {.name = "slow_tokenizer"})
         .pack(with(window))
         .batch({.size = 3});
     Loader l(b.build(), {.epochs = 1, .workers = 2});
@@ -426,6 +437,7 @@ TEST_F(PackReadAheadTest, ReadsInParallel) {
   };
   EXPECT_EQ(max_concurrent(0), 1);
   EXPECT_GE(max_concurrent(64), 2);
+  EXPECT_GE(max_concurrent(64, true), 2);
 }
 
 TEST_F(PackReadAheadTest, AReadErrorStopsAtTheSameBatchAsWithoutAWindow) {
