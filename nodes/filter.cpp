@@ -143,6 +143,7 @@ std::size_t FilterNode::pull_windowed(std::span<Ref> out) {
     if (d.keep != 0 || d.error) ++n;  // an error stops here: it is thrown below, in order
     if (d.error) break;
   }
+  if (used == 0) return 0;  // the upstream's epoch has ended
   chunk_.resize(used);
   const std::size_t got = upstream_->pull(chunk_);
   n = 0;
