@@ -4,11 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
@@ -242,7 +240,7 @@ TEST_F(FilterTest, DecidesAheadInParallelOverAnIndexedUpstream) {
   // once over a global shuffle (random access), even when batches are small; over a buffer
   // shuffle (no random access) a chunk of 4 is decided one by one.
   auto run = [&](ShuffleMode mode) {
-    std::atomic<int> now{0}, most{0};
+    testing::ConcurrencyProbe probe(mode == ShuffleMode::kGlobal);
     std::vector<std::uint64_t> kept;
     ShuffleOptions shuffle{.mode = mode};
     if (mode == ShuffleMode::kBuffer) shuffle.size = 10;
@@ -250,12 +248,7 @@ TEST_F(FilterTest, DecidesAheadInParallelOverAnIndexedUpstream) {
                      .shuffle(shuffle)
                      .filter(
                          [&](const Sample& s, MapContext&) {
-                           const int n = ++now;
-                           int m = most.load();
-                           while (n > m && !most.compare_exchange_weak(m, n)) {
-                           }
-                           std::this_thread::sleep_for(std::chrono::microseconds(300));
-                           --now;
+                           probe.call(std::chrono::microseconds(300));
                            return index_of(s) % 3 != 0;
                          },
                          {.name = "slow"})
@@ -269,7 +262,7 @@ TEST_F(FilterTest, DecidesAheadInParallelOverAnIndexedUpstream) {
     for (std::uint64_t i = 0; i < 100; ++i)
       if (i % 3 != 0) want.push_back(i);
     EXPECT_EQ(kept, want);
-    return most.load();
+    return probe.most();
   };
   EXPECT_GE(run(ShuffleMode::kGlobal), 2);
   EXPECT_EQ(run(ShuffleMode::kBuffer), 1);

@@ -3,11 +3,9 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <thread>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
@@ -410,7 +408,7 @@ TEST_F(PackReadAheadTest, ReadsInParallel) {
   // The map before pack (a tokenizer's place) runs on more than one thread at once with a
   // window, also behind a filter, and never without one (the serial spine reads).
   auto max_concurrent = [&](std::uint64_t window, bool filter = false) {
-    std::atomic<int> now{0}, most{0};
+    testing::ConcurrencyProbe probe(window > 0);
     Pipeline::Builder b;
     b.seed(3)
         .add(indexed_node(), IndexedOptions{.paths = {dir_ / "*.idx"}})
@@ -418,22 +416,14 @@ TEST_F(PackReadAheadTest, ReadsInParallel) {
     if (filter)
       b.filter([](const Sample& s, MapContext&) { return s.at("tokens").numel() % 3 != 1; },
                {.name = "not_1_mod_3"});
-    b.map(
-         [&](Sample&, MapContext&) {
-           const int n = ++now;
-           int m = most.load();
-           while (n > m && !most.compare_exchange_weak(m, n)) {
-           }
-           std::this_thread::sleep_for(std::chrono::microseconds(500));
-           --now;
-         },
-         {.name = "slow_tokenizer"})
+    b.map([&](Sample&, MapContext&) { probe.call(std::chrono::microseconds(500)); },
+          {.name = "slow_tokenizer"})
         .pack(with(window))
         .batch({.size = 3});
     Loader l(b.build(), {.epochs = 1, .workers = 2});
     while (l.next()) {
     }
-    return most.load();
+    return probe.most();
   };
   EXPECT_EQ(max_concurrent(0), 1);
   EXPECT_GE(max_concurrent(64), 2);

@@ -125,4 +125,18 @@ std::vector<std::string> ThreadGroup::run(
   return errors;
 }
 
+void ConcurrencyProbe::call(std::chrono::microseconds work) {
+  const int n = ++now_;
+  int m = most_.load();
+  while (n > m && !most_.compare_exchange_weak(m, n)) {
+  }
+  if (wait_ && !met_.exchange(true)) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (most_.load() < 2 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::this_thread::sleep_for(work);
+  --now_;
+}
+
 }  // namespace flowstate::testing

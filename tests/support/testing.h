@@ -3,6 +3,8 @@
 // the library's: graph/testing.h).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -62,6 +64,24 @@ class ThreadGroup {
  private:
   std::shared_ptr<Shared> shared_;
   std::uint64_t world_;
+};
+
+/// How many calls of a callback (a map, a predicate) overlap in time. With `wait_for_company`
+/// the first call waits, up to 10 s, until a second call overlaps it: on a loaded machine that
+/// is slow to schedule a second thread, code that allows parallel calls still shows it, and
+/// code that calls one at a time never does (its first call then pays the 10 s).
+class ConcurrencyProbe {
+ public:
+  explicit ConcurrencyProbe(bool wait_for_company) : wait_(wait_for_company) {}
+  /// Marks one call, `work` long (sleeping).
+  void call(std::chrono::microseconds work);
+  /// The most calls seen at once.
+  int most() const { return most_.load(); }
+
+ private:
+  bool wait_;
+  std::atomic<bool> met_{false};
+  std::atomic<int> now_{0}, most_{0};
 };
 
 }  // namespace flowstate::testing
