@@ -276,6 +276,15 @@ class PackIndexedTest : public ::testing::Test {
   /// (identity maps, or none) around pack.
   Pipeline make(PackOptions pack, bool map_before = false, bool map_after = false,
                 bool filter = false) const {
+    Pipeline::Builder b = head(filter);
+    if (map_before) b.map([](Sample&, MapContext&) {}, {.name = "identity"});
+    b.pack(pack);
+    if (map_after) b.map([](Sample&, MapContext&) {}, {.name = "identity_after"});
+    return b.batch({.size = 3}).build();
+  }
+  /// The part before pack: the source, a global shuffle and, with `filter`, a filter that
+  /// reads each document.
+  Pipeline::Builder head(bool filter = false) const {
     Pipeline::Builder b;
     b.seed(3)
         .add(indexed_node(), IndexedOptions{.paths = {dir_ / "*.idx"}})
@@ -283,10 +292,7 @@ class PackIndexedTest : public ::testing::Test {
     if (filter)
       b.filter([](const Sample& s, MapContext&) { return s.at("tokens").numel() % 3 != 1; },
                {.name = "not_1_mod_3"});
-    if (map_before) b.map([](Sample&, MapContext&) {}, {.name = "identity"});
-    b.pack(pack);
-    if (map_after) b.map([](Sample&, MapContext&) {}, {.name = "identity_after"});
-    return b.batch({.size = 3}).build();
+    return b;
   }
   TempDir dir_;
 };
@@ -409,13 +415,7 @@ TEST_F(PackReadAheadTest, ReadsInParallel) {
   // window, also behind a filter, and never without one (the serial spine reads).
   auto max_concurrent = [&](std::uint64_t window, bool filter = false) {
     testing::ConcurrencyProbe probe(window > 0);
-    Pipeline::Builder b;
-    b.seed(3)
-        .add(indexed_node(), IndexedOptions{.paths = {dir_ / "*.idx"}})
-        .shuffle({.mode = ShuffleMode::kGlobal});
-    if (filter)
-      b.filter([](const Sample& s, MapContext&) { return s.at("tokens").numel() % 3 != 1; },
-               {.name = "not_1_mod_3"});
+    Pipeline::Builder b = head(filter);
     b.map([&](Sample&, MapContext&) { probe.call(std::chrono::microseconds(500)); },
           {.name = "slow_tokenizer"})
         .pack(with(window))
@@ -434,15 +434,12 @@ TEST_F(PackReadAheadTest, AReadErrorStopsAtTheSameBatchAsWithoutAWindow) {
   // Document 37 cannot be read: with and without a window the same batches come first and the
   // same error follows; the documents read ahead after it change nothing.
   auto run = [&](std::uint64_t window) {
-    Pipeline::Builder b;
-    b.seed(3)
-        .add(indexed_node(), IndexedOptions{.paths = {dir_ / "*.idx"}})
-        .shuffle({.mode = ShuffleMode::kGlobal})
-        .map(
-            [](Sample& s, MapContext&) {
-              if (s.ref.index == 37) throw DataError("doc37.txt", 12, "cannot tokenize");
-            },
-            {.name = "tokenizer"})
+    Pipeline::Builder b = head();
+    b.map(
+         [](Sample& s, MapContext&) {
+           if (s.ref.index == 37) throw DataError("doc37.txt", 12, "cannot tokenize");
+         },
+         {.name = "tokenizer"})
         .pack(with(window))
         .batch({.size = 1});
     Loader l(b.build(), {.epochs = 1, .workers = 2});
