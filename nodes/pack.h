@@ -57,8 +57,9 @@ struct PackOptions {
   bool drop_remainder = true;    ///< drop the epoch's last partial row (else pad it)
   std::int64_t pad = 0;          ///< the token padding a partial last row
   bool doc_ids = false;          ///< add `<field>_doc_ids`: each token's document in its row
-  /// Documents read ahead of the spine, in parallel, where they must be read (maps before
-  /// pack) and the upstream gives random access; 0 reads them one by one. Never changes rows.
+  /// Documents read ahead of the spine, in parallel, where they must be read (a map before
+  /// pack, JSON Lines) and the upstream can tell what comes next (an indexed node, or a filter
+  /// over one); 0 reads them one by one. Never changes a row.
   std::uint64_t read_ahead = 256;
 
   static constexpr auto table() {
@@ -78,7 +79,8 @@ struct PackOptions {
               {.max = 1 << 20,
                .free = true,
                .doc = "documents read ahead in parallel when they must be read (a map before "
-                      "pack) and the upstream is indexed; 0: one by one"}),
+                      "pack, JSON Lines) and the upstream is indexed or a filter over one; 0: "
+                      "one by one"}),
     };
   }
   /// pack needs a token field.
