@@ -104,18 +104,20 @@ void PackNode::check_dtype(const Ref& ref, DType d, const Shape& shape) {
 
 PackNode::Document PackNode::load_document(const Ref& ref) {
   if (direct_) {
-    if (auto view = upstream_store_->view(ref, field_)) {
-      // Only the length is needed now; the workers copy the tokens from where they lie.
-      Document doc;
-      doc.numel = view->bytes.size() / dtype_size(view->dtype);
-      check_dtype(ref, view->dtype, Shape{static_cast<std::int64_t>(doc.numel)});
-      doc.data = view->bytes.data();
-      return doc;  // a view stays valid while the store lives: nothing to release
-    }
+    if (auto view = upstream_store_->view(ref, field_)) return from_view(ref, *view);
   }
   Sample s;
   reader_->read(ref, state_.epoch, s);
   return from_read(ref, s.find(field_));
+}
+
+PackNode::Document PackNode::from_view(const Ref& ref, const RecordView& view) {
+  // Only the length is needed now; the workers copy the tokens from where they lie.
+  Document doc;
+  doc.numel = view.bytes.size() / dtype_size(view.dtype);
+  check_dtype(ref, view.dtype, Shape{static_cast<std::int64_t>(doc.numel)});
+  doc.data = view.bytes.data();
+  return doc;  // a view stays valid while the store lives: nothing to release
 }
 
 PackNode::Document PackNode::from_read(const Ref& ref, const Tensor* t) {
@@ -176,8 +178,11 @@ bool PackNode::read_ahead(std::uint64_t at) {
 
 PackNode::Document PackNode::next_document(const Ref& ref) {
   const std::uint64_t at = state_.documents;  // `ref`'s position in the upstream's epoch
+  if (direct_) {
+    if (auto view = upstream_store_->view(ref, field_)) return from_view(ref, *view);
+  }
   const bool windowed = !ahead_off_ && options_.read_ahead > 1 && parallel_;
-  if (!windowed || (direct_ && upstream_store_->view(ref, field_))) return load_document(ref);
+  if (!windowed) return load_document(ref);
   if (ahead_next_ == ahead_.size() || ahead_at_ + ahead_next_ != at) {
     if (!read_ahead(at)) {
       // Nothing known ahead (an upstream that neither is indexed nor decides ahead, or one

@@ -159,6 +159,8 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   /// The document `ref` that the spine pulled as the epoch's `state_.documents`-th: from the
   /// read-ahead window where it can be, else load_document.
   Document next_document(const Ref& ref);
+  /// A document planned from the store's view of it (no read).
+  Document from_view(const Ref& ref, const RecordView& view);
   /// A document read through the maps: `tokens` is its field (null when it has none).
   Document from_read(const Ref& ref, const Tensor* tokens);
   /// Reads the upstream's next documents (from position `at` of the epoch: at() where it is
