@@ -54,6 +54,17 @@ namespace {
 constexpr std::size_t kFilterReadAhead = 256;
 /// Fewer reads than this are not worth a parallel loop.
 constexpr std::size_t kParallelMin = 16;
+
+/// Runs `one(i)` for every i < n: in parallel, unless there are few or each is `cheap` (a
+/// length from a view costs a few loads: not worth a parallel loop).
+void for_each_decision(const ParallelFor& parallel, bool cheap, std::size_t n,
+                       const std::function<void(std::size_t)>& one) {
+  if (n < kParallelMin || !parallel || cheap) {
+    for (std::size_t i = 0; i < n; ++i) one(i);
+  } else {
+    parallel(n, one);
+  }
+}
 }  // namespace
 
 void FilterNode::start_epoch(std::uint64_t epoch) {
@@ -111,13 +122,9 @@ bool FilterNode::extend_window(std::size_t max) {
       d.error = std::current_exception();  // thrown if and when the filter pulls this Ref
     }
   };
-  // Lengths from views cost a few loads each: not worth a parallel loop.
-  const bool cheap = by_length_ && store_->view(window_[first].ref, by_length_->field).has_value();
-  if (n < kParallelMin || cheap) {
-    for (std::size_t i = 0; i < n; ++i) one(i);
-  } else {
-    parallel_(n, one);
-  }
+  for_each_decision(parallel_,
+                    by_length_ && store_->view(window_[first].ref, by_length_->field).has_value(),
+                    n, one);
   return true;
 }
 
@@ -183,14 +190,9 @@ std::size_t FilterNode::pull(std::span<Ref> out) {
     const std::size_t got = upstream_->pull(chunk_);
     keep_.assign(got, 0);
     auto one = [&](std::size_t i) { keep_[i] = decide(chunk_[i]) ? 1 : 0; };
-    // Lengths from views cost a few loads each: not worth a parallel loop.
-    const bool cheap =
-        by_length_ && got > 0 && store_->view(chunk_[0], by_length_->field).has_value();
-    if (got < kParallelMin || !parallel_ || cheap) {
-      for (std::size_t i = 0; i < got; ++i) one(i);
-    } else {
-      parallel_(got, one);
-    }
+    for_each_decision(
+        parallel_, by_length_ && got > 0 && store_->view(chunk_[0], by_length_->field).has_value(),
+        got, one);
     dropped_.clear();
     for (std::size_t i = 0; i < got; ++i) {
       if (keep_[i] != 0)
