@@ -111,7 +111,36 @@ class SignalScope {
   struct sigaction old_int_ {};
 };
 
-/// An append-only line file ("-": stdout), flushed after every line.
+/// Where the whole lines of a file end: its size, less a last line without its newline.
+/// A run killed in the middle of a write leaves such a line (Linux stops a write to a file at a
+/// page boundary for a fatal signal), and a resumed run appending after it would glue its first
+/// line to it.
+std::uintmax_t end_of_whole_lines(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size == 0) return ec ? 0 : size;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return size;
+  std::uintmax_t end = size;
+  char buf[4096];
+  while (end > 0) {
+    const std::uintmax_t n = std::min<std::uintmax_t>(end, sizeof(buf));
+    if (::fseeko(f, static_cast<off_t>(end - n), SEEK_SET) != 0 || std::fread(buf, 1, n, f) != n)
+      break;
+    const auto* nl = static_cast<const char*>(::memrchr(buf, '\n', n));
+    if (nl != nullptr) {
+      end = end - n + static_cast<std::uintmax_t>(nl - buf) + 1;
+      break;
+    }
+    end -= n;
+  }
+  std::fclose(f);
+  return end;
+}
+
+/// An append-only line file ("-": stdout), flushed after every line. A last line that a killed
+/// run left cut short is dropped before appending (its batch is delivered again after the
+/// resume), so every line of the file stays whole.
 class LineOutput {
  public:
   LineOutput(const std::optional<std::string>& path, const std::string& flag) : flag_(flag) {
@@ -120,6 +149,17 @@ class LineOutput {
     if (*path == "-") {
       file_ = stdout;
       return;
+    }
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(*path, ec)) {
+      const std::uintmax_t whole = end_of_whole_lines(*path);
+      if (whole != std::filesystem::file_size(*path, ec) && !ec) {
+        std::filesystem::resize_file(*path, whole, ec);
+        if (ec)
+          throw ConfigError(flag, "cannot drop the cut last line of '" + *path + "' for " + flag +
+                                      ": " + ec.message());
+        note(flag + " " + *path + ": dropped a last line a killed run left cut short");
+      }
     }
     file_ = std::fopen(path->c_str(), "a");
     if (file_ == nullptr)

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -319,8 +320,10 @@ TEST_F(Cli, BenchTraceShowsTheNodeTheVerdictNames) {
 TEST_F(Cli, RunWritesMetricsAndTraceAndReportPlotsThem) {
   CliResult r =
       run({"run", "p.yaml", "--epochs", "2", "--checkpoint-dir", "ck", "--checkpoint-every", "100",
-           "--metrics", "m.jsonl", "--metrics-interval", "0.005", "--trace", "t.json"});
+           "--metrics", "m.jsonl", "--metrics-interval", "0.0002", "--trace", "t.json"});
   ASSERT_EQ(r.status, 0) << r.err;
+  // A line every 0.2 ms and one at the end: two lines or more however fast the machine (the
+  // run itself takes a few ms; a 5 ms interval gave one line on a fast one).
   const std::vector<std::string> lines = read_lines(path("m.jsonl"));
   ASSERT_GE(lines.size(), 2u);
   std::vector<double> sps;
@@ -424,6 +427,34 @@ TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
                        "480 samples, 19.20 kB in "),
             std::string::npos)
       << r.err;
+}
+
+TEST_F(Cli, ResumingAfterALineCutByAKillKeepsEveryLineWhole) {
+  CliResult r = run({"run", "p.yaml", "--steps", "40", "--checkpoint-dir", "ck",
+                     "--checkpoint-every", "20", "--digests", "part.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // A SIGKILL in the middle of a line's write leaves part of it (longer than a page here, so
+  // the search for the last whole line reads more than one block) and no newline.
+  fs::remove_all(path("ck/" + step_dir(40)));
+  {
+    std::ofstream out(path("part.txt"), std::ios::app);
+    out << "40 0 40 " << std::string(5000, 'f');
+  }
+  r = run({"run", "p.yaml", "--steps", "60", "--checkpoint-dir", "ck", "--resume", "--digests",
+           "part.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("--digests part.txt: dropped a last line a killed run left cut short"),
+            std::string::npos)
+      << r.err;
+  const auto lines = read_lines(path("part.txt"));
+  EXPECT_EQ(lines.size(), 40u + 40u);  // steps 20..39 again after the resume from step 20
+  EXPECT_EQ(by_step(lines), expected_digests(60));
+  // A file that ends in a whole line is left as it is.
+  r = run({"run", "p.yaml", "--steps", "60", "--checkpoint-dir", "ck", "--resume", "--digests",
+           "part.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err.find("dropped a last line"), std::string::npos) << r.err;
+  EXPECT_EQ(read_lines(path("part.txt")), lines);
 }
 
 TEST_F(Cli, RunToTheEndOfTheDataAndReportProgress) {

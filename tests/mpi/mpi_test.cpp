@@ -156,8 +156,14 @@ TEST_F(MpiRun, EightRanksResumeFromOneSharedCheckpointExactly) {
 TEST_F(MpiRun, SigkillOfTheWholeJobAtRandomMomentsResumesIdentically) {
   pipeline("p.yaml", 20000, "  - shard: {}\n  - shuffle: {mode: global}\n  - batch: {size: 16}\n",
            12);
+  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(mpirun(4, {"run", "p.yaml", "--digests", "full-{rank}.txt"}, dir_.str()).status, 0);
+  // The kills fall in the first 25-60% of an uninterrupted job's time (start-up included), so
+  // they cut the job on a machine of any speed.
+  const auto whole =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   std::mt19937 rng(12);
+  std::uniform_int_distribution<std::int64_t> delay(whole.count() / 4, whole.count() * 3 / 5);
   int killed = 0, lives = 0;
   for (;;) {
     ASSERT_LT(++lives, 12) << "the job never finished";
@@ -166,9 +172,7 @@ TEST_F(MpiRun, SigkillOfTheWholeJobAtRandomMomentsResumesIdentically) {
                                 "25", "--resume", "--digests", "cut-{rank}.txt"}),
                    dir_.str(), FLOWSTATE_MPIEXEC);
     if (killed < 4) {
-      // mpirun starts in about 0.3 s here and the run takes about 0.7 s more (12 epochs: cheap
-      // batches travel in groups, so fewer epochs could end before the kill).
-      std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 600));
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay(rng)));
       kill_job(job.pid());
     }
     CliResult r = job.wait(60);
@@ -185,8 +189,10 @@ TEST_F(MpiRun, SigkillOfTheWholeJobAtRandomMomentsResumesIdentically) {
 }
 
 TEST_F(MpiRun, SigtermStopsEveryRankAtOneStepWithOneFinalCheckpoint) {
+  // 400 epochs take ~10 s uninterrupted here; mpirun passes SIGTERM on to the ranks about a
+  // second after it gets it, which a 40-epoch run on a fast machine outran.
   pipeline("p.yaml", 20000, "  - shard: {}\n  - shuffle: {mode: global}\n  - batch: {size: 16}\n",
-           40);
+           400);
   CliProcess job(mpirun_args(4, testing::cli_path(),
                              {"run", "p.yaml", "--checkpoint-dir", "ck", "--checkpoint-every",
                               "100", "--digests", "d-{rank}.txt"}),
@@ -199,7 +205,7 @@ TEST_F(MpiRun, SigtermStopsEveryRankAtOneStepWithOneFinalCheckpoint) {
   const auto found = find_latest_checkpoint(dir_ / "ck");
   ASSERT_TRUE(found);
   EXPECT_EQ(found->world, 4u);
-  EXPECT_LT(found->step, 5000u * 40 / 16) << "the job ran to its end: " << r.err;
+  EXPECT_LT(found->step, 5000u * 400 / 16) << "the job ran to its end: " << r.err;
   // Every rank stopped at the same step, the step of the final checkpoint.
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_EQ(lines("d-" + std::to_string(rank) + ".txt").size(), found->step) << "rank " << rank;

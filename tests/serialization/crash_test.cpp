@@ -146,6 +146,19 @@ std::string describe(int status) {
   return "status " + std::to_string(status);
 }
 
+/// Drops a line the kill cut short from the end of a killed life's log. The worker appends each
+/// line with one write(), but Linux checks for a fatal signal between the pages a write spans:
+/// a line that crosses a page boundary can be cut there by SIGKILL (seen on CI). The line then
+/// is as if never written — the batch counts as not delivered, which is what its life's
+/// successor assumes anyway, resuming from a checkpoint at or before it.
+void drop_cut_line(const std::string& log) {
+  if (!fs::exists(log)) return;
+  const std::string text = testing::read_file(log);
+  if (text.empty() || text.back() == '\n') return;
+  const std::size_t keep = text.rfind('\n') + 1;  // npos + 1 == 0: the whole file was cut
+  fs::resize_file(log, keep);
+}
+
 TEST(CrashRecovery, SigkillAtRandomMomentsNeverLosesOrChangesABatch) {
   ScratchDir scratch;
   const std::string glob = testing::write_records(
@@ -299,6 +312,7 @@ TEST(CrashRecovery, SigkillAtRandomMomentsNeverLosesOrChangesABatch) {
       }
       int status = w.kill();
       ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << describe(status);
+      drop_cut_line(log());
       ++kills;
       if (in_a_write) {
         ++in_write;
@@ -321,6 +335,7 @@ TEST(CrashRecovery, SigkillAtRandomMomentsNeverLosesOrChangesABatch) {
         continue;
       }
       ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << describe(status);
+      drop_cut_line(log());
       ++kills;
       ++random_kills;
     }
