@@ -31,6 +31,7 @@ const NodeDef& pack_node() {
         ar(s);
         JsonObject j;
         j.add("epoch", s.epoch).add("rows", s.rows).add("documents", s.documents);
+        j.add("pending", static_cast<std::uint64_t>(s.pending_left()));
         j.add_raw("carry", s.has_carry ? JsonObject()
                                              .add("record", s.carry.to_string())
                                              .add("tokens_used", s.carry_at)
@@ -141,7 +142,34 @@ void PackNode::clear_ahead() {
   ahead_size_ = 0;
 }
 
-bool PackNode::read_ahead(std::uint64_t at) {
+bool PackNode::next_ref(Ref& next, std::uint64_t tokens) {
+  if (state_.pending_left() == 0) {
+    state_.pending.clear();
+    state_.pending_at = 0;
+    if (upstream_done_) return false;
+    // As many documents as `tokens` take at the epoch's mean so far (rows * length over the
+    // documents started: from the state alone, so a resumed run pulls as the first run did);
+    // one while nothing is known, or for documents longer than that.
+    std::uint64_t want = 1;
+    if (state_.rows > 0 && state_.documents > 0) {
+      const auto mean = std::max<std::uint64_t>(
+          1, static_cast<std::uint64_t>(static_cast<double>(state_.rows) *
+                                        static_cast<double>(options_.length) /
+                                        static_cast<double>(state_.documents)));
+      want = std::clamp<std::uint64_t>((tokens + mean - 1) / mean, 1, kPackPull);
+    }
+    thread_local std::vector<Ref> chunk;
+    chunk.resize(want);
+    const std::size_t got = upstream_->pull(chunk);
+    if (got < want) upstream_done_ = true;  // fewer than asked: the epoch's end
+    state_.pending.assign(chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(got));
+    if (got == 0) return false;
+  }
+  next = state_.pending[state_.pending_at++];
+  return true;
+}
+
+bool PackNode::read_ahead(std::uint64_t at, const Ref& current) {
   // Small at first (a first batch after a start or a restore waits for little), then doubling.
   ahead_size_ = std::min(std::max<std::uint64_t>(ahead_size_ * 2, 16), options_.read_ahead);
   ahead_.clear();
@@ -153,10 +181,18 @@ bool PackNode::read_ahead(std::uint64_t at) {
     ahead_.resize(n);
     for (std::size_t i = 0; i < n; ++i) ahead_[i].ref = upstream_->at(state_.epoch, at + i);
   } else {
-    // A node that decides ahead (a filter over an indexed upstream) tells what comes next.
+    // `current` (pulled already), the documents pulled with it, then what a node that decides
+    // ahead (a filter over an indexed upstream) tells will come next.
     thread_local std::vector<Ref> refs;
-    refs.resize(ahead_size_);
-    n = upstream_->upcoming(refs);
+    refs.resize(std::max<std::uint64_t>(ahead_size_, 1));
+    refs[0] = current;
+    n = 1;
+    const std::size_t pending = std::min(state_.pending_left(), refs.size() - n);
+    std::copy_n(state_.pending.begin() + static_cast<std::ptrdiff_t>(state_.pending_at), pending,
+                refs.begin() + static_cast<std::ptrdiff_t>(n));
+    n += pending;
+    if (pending == state_.pending_left() && !upstream_done_ && n < refs.size())
+      n += upstream_->upcoming(std::span(refs).subspan(n));
     ahead_.resize(n);
     for (std::size_t i = 0; i < n; ++i) ahead_[i].ref = refs[i];
   }
@@ -184,9 +220,9 @@ PackNode::Document PackNode::next_document(const Ref& ref) {
   const bool windowed = !ahead_off_ && options_.read_ahead > 1 && parallel_;
   if (!windowed) return load_document(ref);
   if (ahead_next_ == ahead_.size() || ahead_at_ + ahead_next_ != at) {
-    if (!read_ahead(at)) {
-      // Nothing known ahead (an upstream that neither is indexed nor decides ahead, or one
-      // that stopped telling): one by one for the rest of the epoch.
+    if (!read_ahead(at, ref)) {
+      // Nothing known ahead (an indexed upstream at its end): one by one for the rest of the
+      // epoch.
       ahead_off_ = true;
       return load_document(ref);
     }
@@ -248,12 +284,8 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     std::uint64_t need = options_.length;
     while (need > 0) {
       if (!state_.has_carry) {
-        if (upstream_done_) break;
         Ref next;
-        if (upstream_->pull({&next, 1}) == 0) {
-          upstream_done_ = true;
-          break;
-        }
+        if (!next_ref(next, need + (out.size() - n - 1) * options_.length)) break;
         carry_doc_ = next_document(next);
         ++state_.documents;
         state_.carry = next;

@@ -10,19 +10,22 @@
 // piece once, straight from the mapped file into the batch buffer (RecordStore::gather).
 // Otherwise each document is read once (through the maps before pack — a tokenizer) and the
 // rows hold shared views of those tokens until the batch that contains them is assembled.
-// Where pack's upstream gives random access (a source, shard, global shuffle) or tells what
-// it will pass on (a filter over such an upstream: SpineNode::upcoming), those reads run
-// ahead of the spine's position and in parallel: a window of the next `read_ahead` documents
-// (`upstream->at(epoch, documents + k)`) is read at once on the pipeline's workers, and each
-// Ref pack then pulls is checked against the window's front. The window is never part of the
-// state (a restore or a new epoch drops it), and a read that failed throws when pack reaches
-// that document, as it would have without the window.
+// Those reads run ahead of the spine's position and in parallel: a window of the next
+// `read_ahead` documents is read at once on the pipeline's workers — where pack's upstream
+// gives random access (a source, shard, global shuffle) `upstream->at(epoch, documents + k)`,
+// else the documents pack has pulled and not started, then what the upstream tells it will
+// pass on (a filter over an indexed upstream: SpineNode::upcoming) — and each document pack
+// starts is checked against the window's front. The window is never part of the state (a
+// restore or a new epoch drops it), and a read that failed throws when pack reaches that
+// document, as it would have without the window.
 //
-// Its state is stamped by reference: the epoch, the rows emitted, and the carry-over — the
-// Ref of the document the next row starts in and how far into it — never tokens. A restore
-// looks at that one document again. So the upstream's store must be able to read a Ref again
-// (file sources, indexed ranges and mix of them can; a generator cannot: that is a
-// ConfigError when the pipeline starts).
+// Pack pulls the documents the rows it is asked for likely take at once, up to kPackPull (a
+// text pipeline's spine pays a virtual call and a timer per node per pull). Its state is stamped by
+// reference: the epoch, the rows emitted, the carry-over — the Ref of the document the next row
+// starts in and how far into it — and the Refs pulled and not started yet; never tokens. A restore
+// looks at the carry document again. So the upstream's store must be able to read a Ref again (file
+// sources, indexed ranges and mix of them can; a generator cannot: that is a ConfigError when the
+// pipeline starts).
 //
 // At the end of an epoch the tokens left over (less than a row) are dropped, or padded to a
 // full row with `pad` when `drop_remainder` is false. With `doc_ids`, every row also gets
@@ -42,6 +45,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "flowstate/core/error.h"
 #include "flowstate/nodes/definition.h"
@@ -58,8 +62,8 @@ struct PackOptions {
   std::int64_t pad = 0;          ///< the token padding a partial last row
   bool doc_ids = false;          ///< add `<field>_doc_ids`: each token's document in its row
   /// Documents read ahead of the spine, in parallel, where they must be read (a map before
-  /// pack, JSON Lines) and the upstream can tell what comes next (an indexed node, or a filter
-  /// over one); 0 reads them one by one. Never changes a row.
+  /// pack, JSON Lines): from an indexed upstream, or those pack pulled and a filter's
+  /// upcoming ones; 0 reads them one by one. Never changes a row.
   std::uint64_t read_ahead = 256;
 
   static constexpr auto table() {
@@ -79,8 +83,7 @@ struct PackOptions {
               {.max = 1 << 20,
                .free = true,
                .doc = "documents read ahead in parallel when they must be read (a map before "
-                      "pack, JSON Lines) and the upstream is indexed or a filter over one; 0: "
-                      "one by one"}),
+                      "pack, JSON Lines); 0: one by one"}),
     };
   }
   /// pack needs a token field.
@@ -91,17 +94,46 @@ struct PackOptions {
 const NodeDef& pack_node();
 
 /// State of `pack`: positions only.
+/// The most documents pack pulls from its upstream at once (as many as the rows it is asked
+/// for likely take): the spine's per-pull cost (a virtual call and a timer per node on the
+/// way) is paid once per chunk, not per document.
+inline constexpr std::size_t kPackPull = 64;
+
 struct PackState {
   std::uint64_t epoch = 0;
   std::uint64_t rows = 0;       ///< rows emitted in this epoch
   bool has_carry = false;       ///< the next row starts inside `carry`
   Ref carry;                    ///< the document the next row starts in
   std::uint64_t carry_at = 0;   ///< tokens of `carry` (separator included) already used
-  std::uint64_t documents = 0;  ///< documents read in this epoch
+  std::uint64_t documents = 0;  ///< documents started in this epoch (the carry's included)
+  /// Documents pulled from the upstream and not started yet, in order: `pending[pending_at..]`
+  /// (at most kPackPull). The upstream's position is documents + those. Version 2; a version-1
+  /// state has none.
+  std::vector<Ref> pending;
+  std::size_t pending_at = 0;  ///< not stored: a loaded state starts at 0
+  std::size_t pending_left() const { return pending.size() - pending_at; }
+
   template <class Archive>
-  void serialize(Archive& ar, std::uint32_t version) {
-    require_state_version("PackState", version, 1);
+  void save(Archive& ar, std::uint32_t) const {
     ar(epoch, rows, has_carry, carry, carry_at, documents);
+    ar(static_cast<std::uint64_t>(pending_left()));
+    for (std::size_t i = pending_at; i < pending.size(); ++i) ar(pending[i]);
+  }
+  template <class Archive>
+  void load(Archive& ar, std::uint32_t version) {
+    require_state_version("PackState", version, 2);
+    ar(epoch, rows, has_carry, carry, carry_at, documents);
+    pending.clear();
+    pending_at = 0;
+    if (version < 2) return;
+    std::uint64_t n = 0;
+    ar(n);
+    if (n > kPackPull)
+      throw CheckpointError("state", "pack state holds " + std::to_string(n) +
+                                         " pending documents; at most " +
+                                         std::to_string(kPackPull) + " are possible");
+    pending.resize(n);
+    for (Ref& r : pending) ar(r);
   }
 };
 
@@ -163,9 +195,14 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   Document from_view(const Ref& ref, const RecordView& view);
   /// A document read through the maps: `tokens` is its field (null when it has none).
   Document from_read(const Ref& ref, const Tensor* tokens);
-  /// Reads the upstream's next documents (from position `at` of the epoch: at() where it is
-  /// indexed, else what upcoming() tells) into the window, in parallel; false when none.
-  bool read_ahead(std::uint64_t at);
+  /// The next document to start: from state_.pending, refilled by one pull from the upstream
+  /// of the documents `tokens` more tokens likely take (at most kPackPull); false at the end
+  /// of the upstream's epoch.
+  bool next_ref(Ref& next, std::uint64_t tokens);
+  /// Reads the upstream's next documents (from position `at` of the epoch, `current` being the
+  /// one there: at() where the upstream is indexed, else `current`, the pending ones and what
+  /// upcoming() tells) into the window, in parallel; false when none.
+  bool read_ahead(std::uint64_t at, const Ref& current);
   /// Drops the window (a new epoch, a restore).
   void clear_ahead();
   /// Throws DataError unless `d` is an integer dtype equal to the earlier documents'.
@@ -215,7 +252,7 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   bool ahead_off_ = false;
   std::optional<DType> dtype_;  ///< of the first document read; every one must match
   Document carry_doc_;          ///< the tokens of state_.carry while has_carry
-  bool upstream_done_ = false;  ///< the upstream's epoch has ended
+  bool upstream_done_ = false;  ///< the upstream's epoch has ended (pending may remain)
   // The spine's: a pull's rows until they go in flight, and released rows to plan into (a
   // row's pieces keep their capacity: no allocation per row once running).
   std::vector<std::unique_ptr<Row>> planned_, spare_;
@@ -228,4 +265,4 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
 
 }  // namespace flowstate
 
-CEREAL_CLASS_VERSION(flowstate::PackState, 1);
+CEREAL_CLASS_VERSION(flowstate::PackState, 2);

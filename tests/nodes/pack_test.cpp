@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
@@ -257,6 +259,88 @@ void write_indexed(const std::string& prefix, const std::vector<std::vector<std:
 }
 
 /// Pack over an `indexed` source: rows planned from the index alone (no map before pack).
+TEST_F(PackTest, PullsDocumentsInChunksAndKeepsThePulledOnesInItsState) {
+  // Documents of ~6 tokens, rows of 32: pack asks its upstream for the documents a pull's rows
+  // likely take at once. The ones it has not started yet are in its state, so the oracle
+  // (a save after every batch) restores states that hold some.
+  auto make = [&] {
+    return base().pack({.length = 32, .separator = 0}).batch({.size = 2}).build();
+  };
+  Loader l(make(), {.epochs = 2});
+  drain(l);
+  for (const auto& n : l.stats().nodes) {
+    if (n.name != "records") continue;
+    EXPECT_EQ(n.items, 120u);
+    EXPECT_LT(n.calls * 3, n.items) << "one pull per document";
+  }
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
+}
+
+TEST(PackStateVersions, KeepsOnlyThePendingDocumentsAndReadsVersion1WithNone) {
+  PackState s{.epoch = 2,
+              .rows = 9,
+              .has_carry = true,
+              .carry = Ref{0, 0, 5},
+              .carry_at = 3,
+              .documents = 11};
+  s.pending = {Ref{0, 0, 6}, Ref{0, 0, 7}, Ref{0, 0, 8}};
+  s.pending_at = 1;  // the first one was started
+  std::ostringstream os;
+  {
+    OutArchive ar(os);
+    s.save(ar, 2);
+  }
+  {
+    std::istringstream is(os.str());
+    InArchive ar(is);
+    PackState back;
+    back.load(ar, 2);
+    EXPECT_EQ(back.pending, (std::vector<Ref>{Ref{0, 0, 7}, Ref{0, 0, 8}}));
+    EXPECT_EQ(back.pending_at, 0u);
+    EXPECT_EQ(back.documents, 11u);
+    EXPECT_EQ(back.carry_at, 3u);
+  }
+  {
+    std::ostringstream versioned;  // as a checkpoint holds it: with cereal's version number
+    {
+      OutArchive ar(versioned);
+      ar(s);
+    }
+    std::istringstream is(versioned.str());
+    InArchive ar(is);
+    EXPECT_EQ(pack_node().inspect(ar, {}), R"({"epoch":2,"rows":9,"documents":11,"pending":2,)"
+                                           R"("carry":{"record":"0:5","tokens_used":3}})");
+  }
+  // Version 1 had no pending documents.
+  std::ostringstream old;
+  {
+    OutArchive ar(old);
+    ar(s.epoch, s.rows, s.has_carry, s.carry, s.carry_at, s.documents);
+  }
+  std::istringstream is(old.str());
+  InArchive ar(is);
+  PackState v1;
+  v1.pending = {Ref{}};
+  v1.load(ar, 1);
+  EXPECT_TRUE(v1.pending.empty());
+  EXPECT_EQ(v1.rows, 9u);
+}
+
+TEST(PackStateVersions, RefusesMorePendingDocumentsThanPackEverPulls) {
+  PackState s;
+  s.pending.assign(kPackPull + 1, Ref{});
+  std::ostringstream os;
+  {
+    OutArchive ar(os);
+    s.save(ar, 2);
+  }
+  std::istringstream is(os.str());
+  InArchive ar(is);
+  PackState back;
+  EXPECT_THROW(back.load(ar, 2), CheckpointError);
+}
+
 class PackIndexedTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -412,22 +496,36 @@ TEST_F(PackReadAheadTest, PassesTheSaveRestoreOracleInsideRowsAndAcrossEpochs) {
 
 TEST_F(PackReadAheadTest, ReadsInParallel) {
   // The map before pack (a tokenizer's place) runs on more than one thread at once with a
-  // window, also behind a filter, and never without one (the serial spine reads).
-  auto max_concurrent = [&](std::uint64_t window, bool filter = false) {
+  // window, also behind a filter, and never without one (the serial spine reads); with or
+  // without, each document is read once (a window that pack had to give up would be read
+  // again one by one).
+  struct Reads {
+    int most = 0;
+    int calls = 0;
+  };
+  auto reads = [&](std::uint64_t window, bool filter = false) {
     testing::ConcurrencyProbe probe(window > 0);
+    std::atomic<int> calls{0};
     Pipeline::Builder b = head(filter);
-    b.map([&](Sample&, MapContext&) { probe.call(std::chrono::microseconds(500)); },
-          {.name = "slow_tokenizer"})
+    b.map(
+         [&](Sample&, MapContext&) {
+           ++calls;
+           probe.call(std::chrono::microseconds(500));
+         },
+         {.name = "slow_tokenizer"})
         .pack(with(window))
         .batch({.size = 3});
     Loader l(b.build(), {.epochs = 1, .workers = 2});
     while (l.next()) {
     }
-    return probe.most();
+    return Reads{probe.most(), calls.load()};
   };
-  EXPECT_EQ(max_concurrent(0), 1);
-  EXPECT_GE(max_concurrent(64), 2);
-  EXPECT_GE(max_concurrent(64, true), 2);
+  for (bool filter : {false, true}) {
+    const Reads one_by_one = reads(0, filter), ahead = reads(64, filter);
+    EXPECT_EQ(one_by_one.most, 1) << filter;
+    EXPECT_GE(ahead.most, 2) << filter;
+    EXPECT_EQ(ahead.calls, one_by_one.calls) << filter;
+  }
 }
 
 TEST_F(PackReadAheadTest, AReadErrorStopsAtTheSameBatchAsWithoutAWindow) {
