@@ -158,11 +158,16 @@ bool PackNode::next_ref(Ref& next, std::uint64_t tokens) {
                                         static_cast<double>(state_.documents)));
       want = std::clamp<std::uint64_t>((tokens + mean - 1) / mean, 1, kPackPull);
     }
-    thread_local std::vector<Ref> chunk;
-    chunk.resize(want);
-    const std::size_t got = upstream_->pull(chunk);
+    state_.pending.resize(want);
+    std::size_t got = 0;
+    try {
+      got = upstream_->pull(state_.pending);
+    } catch (...) {
+      state_.pending.clear();  // the run fails; the state never holds Refs not pulled
+      throw;
+    }
+    state_.pending.resize(got);
     if (got < want) upstream_done_ = true;  // fewer than asked: the epoch's end
-    state_.pending.assign(chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(got));
     if (got == 0) return false;
   }
   next = state_.pending[state_.pending_at++];

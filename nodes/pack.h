@@ -19,13 +19,13 @@
 // restore or a new epoch drops it), and a read that failed throws when pack reaches that
 // document, as it would have without the window.
 //
-// Pack pulls the documents the rows it is asked for likely take at once, up to kPackPull (a
-// text pipeline's spine pays a virtual call and a timer per node per pull). Its state is stamped by
-// reference: the epoch, the rows emitted, the carry-over — the Ref of the document the next row
-// starts in and how far into it — and the Refs pulled and not started yet; never tokens. A restore
-// looks at the carry document again. So the upstream's store must be able to read a Ref again (file
-// sources, indexed ranges and mix of them can; a generator cannot: that is a ConfigError when the
-// pipeline starts).
+// Pack pulls the documents the rows it is asked for likely take at once, up to kPackPull
+// (a text pipeline's spine pays a virtual call and a timer per node per pull). Its state is
+// stamped by reference: the epoch, the rows emitted, the carry-over (the Ref of the document
+// the next row starts in and how far into it) and the Refs pulled and not started yet; never
+// tokens. A restore looks at the carry document again. So the upstream's store must be able
+// to read a Ref again (file sources, indexed ranges and mix of them can; a generator cannot:
+// that is a ConfigError when the pipeline starts).
 //
 // At the end of an epoch the tokens left over (less than a row) are dropped, or padded to a
 // full row with `pad` when `drop_remainder` is false. With `doc_ids`, every row also gets
@@ -93,12 +93,12 @@ struct PackOptions {
 /// The `pack` node's definition.
 const NodeDef& pack_node();
 
-/// State of `pack`: positions only.
 /// The most documents pack pulls from its upstream at once (as many as the rows it is asked
 /// for likely take): the spine's per-pull cost (a virtual call and a timer per node on the
 /// way) is paid once per chunk, not per document.
 inline constexpr std::size_t kPackPull = 64;
 
+/// State of `pack`: positions only (Refs, never tokens).
 struct PackState {
   std::uint64_t epoch = 0;
   std::uint64_t rows = 0;       ///< rows emitted in this epoch
