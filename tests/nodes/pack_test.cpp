@@ -277,6 +277,16 @@ TEST_F(PackTest, PullsDocumentsInChunksAndKeepsThePulledOnesInItsState) {
   testing::expect_save_restore(make, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
 }
 
+/// `s` as version 2 writes it, without cereal's version number (load() is given one).
+std::string saved(const PackState& s) {
+  std::ostringstream os;
+  {
+    OutArchive ar(os);
+    s.save(ar, 2);
+  }
+  return os.str();
+}
+
 TEST(PackStateVersions, KeepsOnlyThePendingDocumentsAndReadsVersion1WithNone) {
   PackState s{.epoch = 2,
               .rows = 9,
@@ -286,13 +296,8 @@ TEST(PackStateVersions, KeepsOnlyThePendingDocumentsAndReadsVersion1WithNone) {
               .documents = 11};
   s.pending = {Ref{0, 0, 6}, Ref{0, 0, 7}, Ref{0, 0, 8}};
   s.pending_at = 1;  // the first one was started
-  std::ostringstream os;
   {
-    OutArchive ar(os);
-    s.save(ar, 2);
-  }
-  {
-    std::istringstream is(os.str());
+    std::istringstream is(saved(s));
     InArchive ar(is);
     PackState back;
     back.load(ar, 2);
@@ -330,12 +335,7 @@ TEST(PackStateVersions, KeepsOnlyThePendingDocumentsAndReadsVersion1WithNone) {
 TEST(PackStateVersions, RefusesMorePendingDocumentsThanPackEverPulls) {
   PackState s;
   s.pending.assign(kPackPull + 1, Ref{});
-  std::ostringstream os;
-  {
-    OutArchive ar(os);
-    s.save(ar, 2);
-  }
-  std::istringstream is(os.str());
+  std::istringstream is(saved(s));
   InArchive ar(is);
   PackState back;
   EXPECT_THROW(back.load(ar, 2), CheckpointError);
