@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -238,9 +239,11 @@ TEST_F(FilterTest, PredicateErrorsNameTheFilter) {
 TEST_F(FilterTest, DecidesAheadInParallelOverAnIndexedUpstream) {
   // A predicate that reads (here: slow) is decided for a window of the upstream's next Refs at
   // once over a global shuffle (random access), even when batches are small; over a buffer
-  // shuffle (no random access) a chunk of 4 is decided one by one.
+  // shuffle (no random access) a chunk of 4 is decided one by one. Either way each record is
+  // decided once (a window given up would be decided again).
   auto run = [&](ShuffleMode mode) {
     testing::ConcurrencyProbe probe(mode == ShuffleMode::kGlobal);
+    std::atomic<int> calls{0};
     std::vector<std::uint64_t> kept;
     ShuffleOptions shuffle{.mode = mode};
     if (mode == ShuffleMode::kBuffer) shuffle.size = 10;
@@ -248,6 +251,7 @@ TEST_F(FilterTest, DecidesAheadInParallelOverAnIndexedUpstream) {
                      .shuffle(shuffle)
                      .filter(
                          [&](const Sample& s, MapContext&) {
+                           ++calls;
                            probe.call(std::chrono::microseconds(300));
                            return index_of(s) % 3 != 0;
                          },
@@ -262,6 +266,7 @@ TEST_F(FilterTest, DecidesAheadInParallelOverAnIndexedUpstream) {
     for (std::uint64_t i = 0; i < 100; ++i)
       if (i % 3 != 0) want.push_back(i);
     EXPECT_EQ(kept, want);
+    EXPECT_EQ(calls.load(), 100);
     return probe.most();
   };
   EXPECT_GE(run(ShuffleMode::kGlobal), 2);
