@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <optional>
 
 #include "cli/command.h"
 #include "flowstate/core/error.h"
@@ -19,6 +20,7 @@
 #include "flowstate/core/launcher.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/sources/mapped_file.h"
 #ifdef FLOWSTATE_HAVE_MPI
 #include "flowstate/mpi/mpi_coordinator.h"
 #endif
@@ -112,31 +114,15 @@ class SignalScope {
   struct sigaction old_int_ {};
 };
 
-/// Where the whole lines of a file end: its size, less a last line without its newline.
+/// Where the whole lines of `path` end when its last line lacks its newline, else nullopt.
 /// A run killed in the middle of a write leaves such a line (Linux stops a write to a file at a
 /// page boundary for a fatal signal), and a resumed run appending after it would glue its first
-/// line to it.
-std::uintmax_t end_of_whole_lines(const std::string& path) {
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec || size == 0) return ec ? 0 : size;
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return size;
-  std::uintmax_t end = size;
-  char buf[4096];
-  while (end > 0) {
-    const std::uintmax_t n = std::min<std::uintmax_t>(end, sizeof(buf));
-    if (::fseeko(f, static_cast<off_t>(end - n), SEEK_SET) != 0 || std::fread(buf, 1, n, f) != n)
-      break;
-    const auto* nl = static_cast<const char*>(::memrchr(buf, '\n', n));
-    if (nl != nullptr) {
-      end = end - n + static_cast<std::uintmax_t>(nl - buf) + 1;
-      break;
-    }
-    end -= n;
-  }
-  std::fclose(f);
-  return end;
+/// line to it. (Mapped: only the pages from the last newline on are read.)
+std::optional<std::uintmax_t> cut_last_line(const std::string& path) {
+  const MappedFile f(path);
+  if (f.size() == 0 || f.data()[f.size() - 1] == std::byte{'\n'}) return std::nullopt;
+  const void* nl = ::memrchr(f.data(), '\n', f.size());
+  return nl == nullptr ? 0 : static_cast<const std::byte*>(nl) - f.data() + 1;
 }
 
 /// An append-only line file ("-": stdout), flushed after every line. A last line that a killed
@@ -153,9 +139,8 @@ class LineOutput {
     }
     std::error_code ec;
     if (std::filesystem::is_regular_file(*path, ec)) {
-      const std::uintmax_t whole = end_of_whole_lines(*path);
-      if (whole != std::filesystem::file_size(*path, ec) && !ec) {
-        std::filesystem::resize_file(*path, whole, ec);
+      if (const auto whole = cut_last_line(*path)) {
+        std::filesystem::resize_file(*path, *whole, ec);
         if (ec)
           throw ConfigError(flag, "cannot drop the cut last line of '" + *path + "' for " + flag +
                                       ": " + ec.message());
