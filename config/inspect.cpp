@@ -1,10 +1,13 @@
 #include "flowstate/config/inspect.h"
 
+#include <filesystem>
 #include <sstream>
 
 #include <cereal/types/string.hpp>
+#include <nlohmann/json.hpp>
 
 #include "flowstate/core/error.h"
+#include "flowstate/core/hash.h"
 #include "flowstate/core/state.h"
 
 namespace flowstate {
@@ -127,6 +130,123 @@ std::string describe_node_states(std::string_view spine,
     throw CheckpointError(
         origin, "the node states in '" + origin + "' are truncated or corrupt: " + e.what());
   }
+}
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+const char* source_name(StateSource::Kind kind) {
+  switch (kind) {
+    case StateSource::Kind::kCheckpoint:
+      return "checkpoint";
+    case StateSource::Kind::kFile:
+      return "file";
+    case StateSource::Kind::kBytes:
+      break;
+  }
+  return "bytes";
+}
+
+std::string render_value(const Json& v) {
+  if (v.is_null()) return "none";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object()) {
+    std::string s;
+    for (const auto& [k, x] : v.items()) s += (s.empty() ? "" : ", ") + k + " " + render_value(x);
+    return "(" + s + ")";
+  }
+  return v.dump();
+}
+
+}  // namespace
+
+std::string describe_state(std::string_view state, const StateSource& source,
+                           const Registry& registry) {
+  // Messages name the file the bytes came from.
+  const std::string origin =
+      source.kind == StateSource::Kind::kCheckpoint
+          ? (std::filesystem::path(source.path) / "state.bin").string()
+          : (source.kind == StateSource::Kind::kFile ? source.path : std::string("state"));
+  const PipelineState s = PipelineState::decode(state, origin);
+  const Json nodes = Json::parse(describe_node_states(s.spine, s.canonical, origin, registry));
+
+  Json j;
+  j["source"] = source_name(source.kind);
+  j["path"] = source.path.empty() ? Json(nullptr) : Json(source.path);
+  j["bytes"] = state.size();
+  j["step"] = source.step.value_or(s.last_step ? *s.last_step + 1 : 0);
+  j["format_version"] = s.format_version;
+  j["fingerprint"] = hex64(s.fingerprint);
+  j["last_step"] = s.last_step ? Json(*s.last_step) : Json(nullptr);
+  j["last_epoch"] = s.last_epoch ? Json(*s.last_epoch) : Json(nullptr);
+  j["skipped_checkpoints"] = source.skipped;
+  Json canonical = Json::array();
+  for (const auto& [k, v] : s.canonical) canonical.push_back({{"key", k}, {"value", v}});
+  j["pipeline"] = canonical;
+  Json skips = Json::array();
+  for (const auto& [a, b] : s.skips) skips.push_back({a, b});
+  j["skipped_steps"] = skips;
+  j["nodes"] = nodes;
+  if (!source.fields_json.empty()) j["state_dict"] = Json::parse(source.fields_json);
+  return j.dump(2);
+}
+
+std::string render_state_description(std::string_view description) {
+  const Json j = Json::parse(description);
+  const std::string source = j["source"].get<std::string>();
+  const auto step = std::to_string(j["step"].get<std::uint64_t>());
+  std::string out = source == "checkpoint" ? "checkpoint: " + j["path"].get<std::string>() + "\n"
+                    : source == "file"     ? "state file: " + j["path"].get<std::string>() + "\n"
+                                           : "state: " + j["bytes"].dump() + " bytes\n";
+  out += "step: " + step + " (batches consumed; the next batch is step " + step + ")\n";
+  out += "last delivered: " +
+         (j["last_step"].is_null()
+              ? std::string("none")
+              : "step " + j["last_step"].dump() + ", epoch " +
+                    (j["last_epoch"].is_null() ? std::string("0") : j["last_epoch"].dump())) +
+         "\n";
+  out += "format version: " + j["format_version"].dump() + "\n";
+  out += "fingerprint: " + j["fingerprint"].get<std::string>() + "\n";
+  for (const auto& k : j["skipped_checkpoints"])
+    out += "skipped newer checkpoint: " + k.get<std::string>() + "\n";
+  if (j.contains("state_dict")) {
+    std::string fields;
+    for (const auto& [k, v] : j["state_dict"].items())
+      fields += (fields.empty() ? "" : ", ") + k + " " + render_value(v);
+    out += "state_dict: " + (fields.empty() ? std::string("no other fields") : fields) + "\n";
+  }
+  out += "pipeline:\n";
+  for (const auto& p : j["pipeline"])
+    out += "  " + p["key"].get<std::string>() + " = " + p["value"].get<std::string>() + "\n";
+  out += "skipped steps:";
+  const Json& skips = j["skipped_steps"];
+  if (skips.empty()) out += " none";
+  for (std::size_t i = 0; i < skips.size(); ++i)
+    out += (i ? ", " : " ") + skips[i][0].dump() + ".." + skips[i][1].dump();
+  out += "\nnode states:\n";
+  for (const auto& n : j["nodes"]) {
+    out += "  " + n["name"].get<std::string>() + " (" + n["type"].get<std::string>() + "): ";
+    if (n.contains("state")) {
+      std::string fields;
+      for (const auto& [k, v] : n["state"].items()) {
+        // A file source's data identity: the count here, every file with --json.
+        const std::string value = k == "files" && v.is_array()
+                                      ? std::to_string(v.size()) + " (--json lists them)"
+                                      : render_value(v);
+        fields += (fields.empty() ? "" : ", ") + k + " " + value;
+      }
+      out += fields + "\n";
+    } else if (n.contains("unknown_type")) {
+      out += "not decoded: no node type '" + n["type"].get<std::string>() +
+             "' is registered (load its plugin with --plugin); " +
+             std::to_string(n["state_bytes"].get<std::size_t>()) + " bytes\n";
+    } else {
+      out += "not decoded (" + std::to_string(n["undecoded_bytes"].get<std::size_t>()) +
+             " bytes of node states from here on)\n";
+    }
+  }
+  return out;
 }
 
 }  // namespace flowstate
