@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Mapping
 
 from . import _flowstate as _C
+from ._state import __version__, describe_state  # the project's version; inspect for states
 
 # The graphs' threads run Python callbacks: stop them before the interpreter finalizes.
 atexit.register(_C.shutdown)
@@ -297,21 +298,68 @@ def _param_doc(spec):
 
 
 def _generate():
-    """Builder methods and module-level source functions, one per registered node type."""
+    """Builder methods and module-level source functions, one per registered node type, each
+    with its real signature: the schema's parameters as typed keyword-only arguments with
+    their defaults (what inspect.signature, help() and the typed stubs show; the values are
+    still checked by the YAML loader, with its messages)."""
+    import keyword
+    import typing
+
+    kinds = _C.param_kinds()
+    # A parameter that takes the word `auto` takes it from Python only when the document the
+    # builder writes has it plain (YAML's quoted "auto" is a string, which they refuse).
+    writes_auto = _yaml_value("auto") == "auto"
+    types = {"bool": bool, "uint": int, "int": int, "float": float, "string": str,
+             "string_list": typing.Union[str, list[str]],
+             "int_list": typing.Union[int, list[int]]}
+
+    def parameter(p, kind):
+        annotation = types.get(kind["kind"], typing.Any)
+        if p["choices"]:
+            annotation = typing.Literal[tuple(p["choices"])]
+        if kind["auto"] and writes_auto:
+            annotation = typing.Union[annotation, typing.Literal["auto"]]
+        default = inspect.Parameter.empty
+        if not p["required"]:
+            default = p["default"]
+            if default is None:
+                annotation = typing.Optional[annotation]
+        return inspect.Parameter(p["name"], inspect.Parameter.KEYWORD_ONLY, default=default,
+                                 annotation=annotation)
+
+    def signature(spec, first):
+        params = [parameter(p, kinds[spec["type"]][p["name"]]) for p in spec["params"]
+                  if p["name"].isidentifier() and not keyword.iskeyword(p["name"])]
+        # Required ones first, for the reader (keyword-only: any order is valid).
+        params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
+        return inspect.Signature(first + params, return_annotation=Builder)
+
+    def source(t):
+        def start(**params):
+            return Builder()._set_source(t, params)
+        return start
+
+    def node(t):
+        def method(self, **params):
+            return self.add(t, **params)
+        return method
+
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     for spec in _C.schema():
         t = spec["type"]
         if spec["source"]:
-            def start(_t=t, **params):
-                return Builder()._set_source(_t, params)
+            start = source(t)
             start.__name__ = start.__qualname__ = t
             start.__doc__ = f"Starts a builder with the `{t}` source: " + _param_doc(spec)
+            start.__signature__ = signature(spec, [])
             globals()[t] = start
             __all__.append(t)
         elif t not in ("map", "filter"):
-            def method(self, _t=t, **params):
-                return self.add(_t, **params)
-            method.__name__ = method.__qualname__ = t
+            method = node(t)
+            method.__name__ = t
+            method.__qualname__ = f"Builder.{t}"
             method.__doc__ = _param_doc(spec)
+            method.__signature__ = signature(spec, [self_param])
             setattr(Builder, t, method)
 
 

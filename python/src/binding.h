@@ -142,3 +142,13 @@ struct PyDLPackTensor {
 py::tuple batch_parts(const Batch& b);
 
 }  // namespace flowstate::python
+
+// ---- state.cpp ----
+
+namespace flowstate::python {
+
+/// `__version__`, describe_state (what `flowstate inspect` shows of a saved state) and the
+/// parameters' kinds (for the builder's signatures and the typed stubs).
+void bind_state(py::module_& m);
+
+}  // namespace flowstate::python

@@ -411,4 +411,5 @@ PYBIND11_MODULE(_flowstate, m) {
         i.num_samples = num_samples;
         return a.step_scale(i);
       });
+  bind_state(m);
 }
