@@ -73,8 +73,8 @@ CLI = Path(os.environ.get("FLOWSTATE_CLI", BUILD_DIR / "cli" / "flowstate"))
 # Set by tests/readme/CMakeLists.txt; the fallbacks serve a run by hand on the dev tree.
 PYTHONPATH = os.environ.get("FLOWSTATE_README_PYTHONPATH", str(BUILD_DIR / "python"))
 CXX = os.environ.get("FLOWSTATE_README_CXX", "c++")
-INCLUDES = [p for p in os.environ.get("FLOWSTATE_README_INCLUDES",
-                                      str(BUILD_DIR / "include")).split("|") if p]
+INCLUDES = list(dict.fromkeys(p for p in os.environ.get("FLOWSTATE_README_INCLUDES",
+                                                        str(BUILD_DIR / "include")).split("|") if p))
 DEFINES = [d for d in os.environ.get("FLOWSTATE_README_DEFINES", "").split("|") if d]
 TIMEOUT_S = 60  # one chain of blocks
 
@@ -429,7 +429,7 @@ def _check_command(words, notes):
         command, rest = args[k], args[k + 1:]
         help_text = _cli_help(command)
         for opt in _options(rest):
-            if not re.search(re.escape(opt) + r"\b", help_text):
+            if not re.search(re.escape(opt) + r"(?![\w-])", help_text):
                 raise BlockFailure(f"`flowstate {command}`: its --help does not list {opt}")
         notes.append(f"flowstate {command} {' '.join(_options(rest))}".strip())
         return
