@@ -57,7 +57,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,8 +72,8 @@ CLI = Path(os.environ.get("FLOWSTATE_CLI", BUILD_DIR / "cli" / "flowstate"))
 # Set by tests/readme/CMakeLists.txt; the fallbacks serve a run by hand on the dev tree.
 PYTHONPATH = os.environ.get("FLOWSTATE_README_PYTHONPATH", str(BUILD_DIR / "python"))
 CXX = os.environ.get("FLOWSTATE_README_CXX", "c++")
-INCLUDES = list(dict.fromkeys(p for p in os.environ.get("FLOWSTATE_README_INCLUDES",
-                                                        str(BUILD_DIR / "include")).split("|") if p))
+_includes = os.environ.get("FLOWSTATE_README_INCLUDES", str(BUILD_DIR / "include"))
+INCLUDES = list(dict.fromkeys(p for p in _includes.split("|") if p))
 DEFINES = [d for d in os.environ.get("FLOWSTATE_README_DEFINES", "").split("|") if d]
 TIMEOUT_S = 60  # one chain of blocks
 
@@ -508,7 +507,8 @@ def check_cmake(chain, directory):
         elif name == "target_link_libraries":
             for t in (w for w in words if w.startswith("flowstate::")):
                 if t not in exported:
-                    raise BlockFailure(f"{t} is not an exported target ({', '.join(sorted(exported))})")
+                    raise BlockFailure(f"{t} is not an exported target "
+                                       f"({', '.join(sorted(exported))})")
                 notes.append(f"{t} exported")
         else:
             raise BlockFailure(f"no check for the CMake command {name}(): teach "
@@ -558,7 +558,8 @@ def check_all(groups):
     # Longest first: the C++ compiles and the Python runs overlap on the cores.
     order = sorted(groups, key=lambda g: {"cpp": 0, "python": 1}.get(g[0].lang, 2))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        for result in pool.map(check_chain, [g for g in order if g[0].skip or g[0].lang in CHECKERS]):
+        checked = [g for g in order if g[0].skip or g[0].lang in CHECKERS]
+        for result in pool.map(check_chain, checked):
             outcomes.update(result)
     return outcomes
 
@@ -665,10 +666,12 @@ def test_a_right_block_of_each_language_passes_and_fragments_chain():
           "p = flowstate.Pipeline.from_yaml('pipeline.yaml')\n```\n"
           "<!-- readme-test: continues; fixture=training -->\n```python\n"
           "import torch\nassert len(list(flowstate.Loader(p))) == 128\n"
-          "loss_fn(model, torch.zeros(4, 16, dtype=torch.uint8)).backward(); optimizer.step()\n```\n"
-          "<!-- readme-test: fixture=trainer -->\n```cpp\n#include <flowstate/core/tensor.h>\n"
-          "flowstate::Tensor t;\ntrain_step(t);\n```\n"
-          "<!-- readme-test: continues -->\n```cpp\nflowstate::Tensor t;  // a body of its own\n```\n"
+          "loss_fn(model, torch.zeros(4, 16, dtype=torch.uint8)).backward()\n"
+          "optimizer.step()\n```\n"
+          "<!-- readme-test: fixture=trainer -->\n```cpp\n"
+          "#include <flowstate/core/tensor.h>\nflowstate::Tensor t;\ntrain_step(t);\n```\n"
+          "<!-- readme-test: continues -->\n```cpp\n"
+          "flowstate::Tensor t;  // a body of its own\n```\n"
           "<!-- readme-test: fixture=records:16 -->\n```yaml\n"
           "source: {type: records, paths: \"data/*.bin\", record_bytes: 16}\n"
           "nodes: [{batch: {size: 8}}]\n```\n"
