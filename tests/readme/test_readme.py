@@ -41,9 +41,11 @@ The convention: an HTML comment on the last non-blank line before a block's open
         namespace and directory; cpp: the same translation unit, after it, with its own
         function body). Only for python and cpp.
     <!-- readme-test: fixture=NAME[,NAME...] -->
-        the harness prepares the block's directory and/or prepends code: see FIXTURES below
-        (a fixture may take an argument, `records:16`). A chain gets the fixtures of all its
-        blocks.
+        the harness prepares the block's directory (data, files) and/or gives it code: see
+        FIXTURES below (a fixture may take an argument, `records:16`). Python gets a module's
+        names (`from readme_fixtures import *`, only the names the fixture declares: a block
+        that forgets `import torch` still fails); C++ gets code before its blocks. A chain
+        gets the fixtures of all its blocks. Add a fixture here when a block needs one.
     <!-- readme-test: skip=REASON -->
         the block is not checked; REASON is required and reported. Nothing is skipped otherwise.
 
