@@ -1,5 +1,7 @@
 #include "flowstate/graph/pipeline.h"
 
+#include "flowstate/core/launcher.h"
+
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -8,6 +10,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
+#include "flowstate/core/launcher.h"
 
 namespace flowstate {
 
@@ -196,8 +199,24 @@ Pipeline Pipeline::Builder::build() const {
   if (copies > 1) throw ConfigError("device_copy", "at most one device_copy");
   if (copies == 1 && nodes.back().def != &device_copy_node())
     throw ConfigError("device_copy", "device_copy must be the last node");
-  say_warnings(p_.warnings_);
-  return p_;
+  Pipeline p = p_;
+  // Under a launcher of many ranks, a pipeline that splits nothing feeds every rank all the
+  // data: said once (a mix's inputs may hold the shard, so a mix is taken as splitting).
+  const bool splits = std::ranges::any_of(nodes, [](const auto& n) {
+    return n.template options_as<ShardOptions>() != nullptr || n.def == &mix_node();
+  });
+  std::optional<std::uint64_t> world;
+  try {
+    world = launch_env().world;
+  } catch (const ConfigError&) {
+    // A malformed variable is shard's (or `flowstate run`'s) error to report, not this hint's.
+  }
+  if (!splits && world && *world > 1)
+    p.warnings_.push_back("the launcher says world size " + std::to_string(*world) +
+                          " but the pipeline has no shard node: every rank reads all the data "
+                          "(add `shard: {}`, or flowstate.DataLoader shards by itself)");
+  say_warnings(p.warnings_);
+  return p;
 }
 
 Pipeline Pipeline::Builder::build_input() const {

@@ -37,7 +37,7 @@ def main():
     torch.set_num_threads(1)  # bit-identical arithmetic from run to run
     pipeline = (flowstate.records(paths=os.path.join(args.data, "*.bin"), record_bytes=16)
                 .seed(1234).shuffle(mode="buffer", size=256).batch(size=args.batch).build())
-    loader = flowstate.Loader(pipeline, epochs=args.epochs, workers=args.workers)
+    loader = flowstate.Loader(pipeline, workers=args.workers)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     acc = flowstate.GradientAccumulator(steps=args.accumulate, batch_size=args.batch)
@@ -52,24 +52,25 @@ def main():
         print(f"resumed at step {ck['loader']['step']}")
 
     saves = 0
-    for batch in loader:
-        data = batch["data"].float() / 255.0  # uint8 [B, 16], shared with flowstate (DLPack)
-        x, y = data[:, :8], data[:, 8:].mean(dim=1, keepdim=True)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        (loss * acc.loss_scale(batch)).backward()
-        losses.append(loss.item())
-        if acc.sync_gradients(batch):  # every N-th batch, and the epoch's last
-            for p in model.parameters():
-                p.grad.mul_(acc.step_scale(batch))
-            optimizer.step()
-            optimizer.zero_grad()
-            tmp = args.ckpt + ".tmp"
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "loader": loader.state_dict(), "losses": losses}, tmp)
-            os.replace(tmp, args.ckpt)
-            saves += 1
-            if saves == args.kill_after_saves:
-                os.kill(os.getpid(), signal.SIGKILL)
+    for epoch in range(loader.epoch, args.epochs):  # each pass over the loader is one epoch
+        for batch in loader:
+            data = batch["data"].float() / 255.0  # uint8 [B, 16], shared with flowstate (DLPack)
+            x, y = data[:, :8], data[:, 8:].mean(dim=1, keepdim=True)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            (loss * acc.loss_scale(batch)).backward()
+            losses.append(loss.item())
+            if acc.sync_gradients(batch):  # every N-th batch, and the epoch's last
+                for p in model.parameters():
+                    p.grad.mul_(acc.step_scale(batch))
+                optimizer.step()
+                optimizer.zero_grad()
+                tmp = args.ckpt + ".tmp"
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "loader": loader.state_dict(), "losses": losses}, tmp)
+                os.replace(tmp, args.ckpt)
+                saves += 1
+                if saves == args.kill_after_saves:
+                    os.kill(os.getpid(), signal.SIGKILL)
     print(f"{len(losses)} batches, last loss {losses[-1]:.6f}")
     if args.losses:
         with open(args.losses, "w") as f:

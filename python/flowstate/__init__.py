@@ -26,10 +26,13 @@ import warnings
 from collections.abc import Mapping
 
 from . import _flowstate as _C
+from . import _workers
 from ._state import __version__, describe_state  # the project's version; inspect for states
 
 # The graphs' threads run Python callbacks: stop them before the interpreter finalizes.
 atexit.register(_C.shutdown)
+# ... and the worker processes first (atexit runs the last registered first).
+atexit.register(_workers.close_all)
 
 Error = _C.Error
 ConfigError = _C.ConfigError
@@ -121,12 +124,15 @@ def _document_text(doc):
 class Pipeline:
     """An immutable, validated pipeline. Make one with from_yaml, from_dict or a builder."""
 
-    def __init__(self, native, epochs=1, checkpoint=None, value_name=None):
+    def __init__(self, native, epochs=1, checkpoint=None, value_name=None, quiet=False):
         self._native = native
         self.epochs = epochs  #: the document's `epochs` (1 when it has none)
         self.checkpoint = checkpoint  #: the document's `checkpoint:` section, or None
         self._value_name = value_name
-        for w in native.warnings:
+        # A builder's document and Python objects: a Python source runs as a plan (_Plan).
+        self._doc, self._python, self._base_dir = None, [], None
+        self._python_source = False
+        for w in () if quiet else native.warnings:
             warnings.warn(w, stacklevel=3)
 
     @classmethod
@@ -145,12 +151,18 @@ class Pipeline:
         return cls._load(doc, overrides, base_dir, origin, [], None)
 
     @classmethod
-    def _load(cls, doc, overrides, base_dir, origin, python_nodes, value_name):
+    def _load(cls, doc, overrides, base_dir, origin, python_nodes, value_name, quiet=False):
         text = _document_text(doc)
         native, epochs, ck = _C.load_yaml(text, False, origin, _overrides(overrides),
                                           None if base_dir is None else os.fspath(base_dir),
                                           python_nodes)
-        return cls(native, epochs, ck, value_name)
+        p = cls(native, epochs, ck, value_name, quiet)
+        p._doc, p._python, p._base_dir = doc, list(python_nodes), base_dir
+        source = doc.get("source") if isinstance(doc, Mapping) else None
+        p._python_source = (isinstance(source, Mapping) and source.get("type") == "iterable"
+                            and "ref" in source
+                            and python_nodes[source["ref"]].kind in ("sequence", "iterable"))
+        return p
 
     @property
     def fingerprint(self):
@@ -499,72 +511,365 @@ class _TorchCoordinator:
         self._dist.barrier(group=self._group)
 
 
+class _Plan:
+    """How a pipeline with a Python source runs (flowstate/_workers.py): the C++ pipeline that
+    plans its batches -- the source as indices (a sequence) or as the items (an iterable), the
+    Python maps in place as no-ops, a Python filter reading its item, no device_copy -- and the
+    Program that makes each planned batch."""
+
+    def __init__(self, pipeline):
+        doc, python = pipeline._doc, pipeline._python
+        src = python[doc["source"]["ref"]]
+        plan = list(python)
+        maps, device = [], None
+        nodes = []
+        program = _workers.Program(src.obj if src.kind == "sequence" else None, [], src.collate,
+                                   doc.get("seed", 0) or 0, src.name)
+        for node in doc["nodes"]:
+            kind = next(iter(node)) if isinstance(node, Mapping) else node
+            params = node[kind] if isinstance(node, Mapping) else {}
+            if kind == "python_map":
+                spec = python[params["ref"]]
+                maps.append((spec.name, spec.fn))
+                plan[params["ref"]] = _PythonNode("map", fn=None, name=spec.name)
+            elif kind == "python_filter":
+                spec = python[params["ref"]]
+                plan[params["ref"]] = _PythonNode(
+                    "filter", name=spec.name,
+                    fn=lambda key, f=spec.fn, m=len(maps): f(program.item(key, m)))
+            elif kind == "device_copy":
+                device = (params or {}).get("device", "auto")
+                continue
+            nodes.append(node)
+        program.maps = maps
+        if src.kind == "sequence":
+            plan[doc["source"]["ref"]] = _PythonNode("indices", name=src.name, length=src.length)
+        else:
+            plan[doc["source"]["ref"]] = _PythonNode(
+                "items", obj=src.obj, name=src.name, size=src.size, takes_epoch=src.takes_epoch,
+                resumable=src.resumable)
+        self.program = program
+        self.device = device
+        self.indices = src.kind == "sequence"
+        # Its warnings are the pipeline's, said when that was built.
+        self.pipeline = Pipeline._load(dict(doc, nodes=nodes), None, pipeline._base_dir,
+                                       "<builder>", plan, pipeline._value_name, quiet=True)
+        self.pipeline.epochs = pipeline.epochs
+
+
+def _workers_option(workers, what="workers"):
+    """`workers` as the native loader takes it: None, a count >= 1, or 0 for "auto"."""
+    if workers is None:
+        return None
+    if workers == "auto":
+        return 0
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"{what}={workers!r}: threads assembling batches: 1, 2, ... or "
+                          "\"auto\" (tuned while running). For the Python parts of a Python "
+                          "source, num_workers=N runs N worker processes (0: the calling "
+                          "process)")
+    return workers
+
+
+def _device_of(device):
+    import torch
+
+    if device in (None, "auto"):
+        if not torch.cuda.is_available():
+            return None
+        rank = os.environ.get("LOCAL_RANK", "0")
+        return torch.device(f"cuda:{rank}")
+    if device in ("host", "cpu", "pinned"):
+        return None
+    return torch.device(device)
+
+
+class _Pending:
+    """A planned batch whose Python task may still run: its info, its plan state, and the
+    task's payload (or its result, once taken)."""
+
+    __slots__ = ("info", "state", "payload", "ident", "value", "ready", "submitted")
+
+    def __init__(self, info, state, payload, ident):
+        self.info, self.state, self.payload, self.ident = info, state, payload, ident
+        self.value, self.ready, self.submitted = None, False, False
+
+
 class Loader:
-    """Runs a Pipeline: an iterable of Batch over `epochs` epochs (default: the document's;
-    0 runs forever). `workers` and `prefetch` never change the batches, so a state saved
+    """Runs a Pipeline, one epoch per iteration, as torch's DataLoader does: `for batch in
+    loader` yields the batches of one epoch (each a Batch), and iterating again continues with
+    the next epoch. `len(loader)` is the batches of one epoch (of this rank), `loader.epoch`
+    the epoch the next iteration yields. Breaking out of an epoch and iterating again starts
+    the next epoch (the rest of the unfinished one is skipped, as part of the state).
+
+    `next(loader)` is the next batch of the whole run, across epochs.
+
+    `epochs`: how many epochs the loader runs at most; None (the default) runs as many as you
+    iterate. (A document's `epochs:` is what `flowstate run` runs, `pipeline.epochs`: pass
+    epochs=pipeline.epochs for that bound.) An iteration after the last epoch raises Error,
+    never an empty loop. `workers` (threads
+    assembling batches, or "auto") and `prefetch` never change the batches, so a state saved
     with one count restores with another. Waiting for a batch releases the GIL.
+
+    A pipeline whose source is Python (from_sequence, from_iterable) runs its Python parts --
+    `__getitem__`, Python maps, collate -- in `num_workers` worker processes (0, the default:
+    in the calling process), with tensors coming back through shared memory; see
+    flowstate/_workers.py. The batches are the same for any num_workers, and a state saved
+    with one restores with another. `prefetch_factor` (batches in flight per worker),
+    `timeout` (seconds to wait for a worker's batch; 0: no limit), `worker_init_fn` and
+    `pin_memory` are torch's.
 
     `process_group` (a torch.distributed group, e.g. torch.distributed.group.WORLD) makes
     save_checkpoint and restore collective over its ranks: one checkpoint step for all of
     them, committed only when every rank's part is durable (see _TorchCoordinator)."""
 
-    def __init__(self, pipeline, epochs=None, workers=None, prefetch=None, process_group=None):
+    def __init__(self, pipeline, epochs=None, workers=None, prefetch=None, process_group=None,
+                 num_workers=0, prefetch_factor=None, timeout=0, worker_init_fn=None,
+                 pin_memory=False, _pool=None):
         if isinstance(pipeline, Builder):
             pipeline = pipeline.build()
         self.pipeline = pipeline
-        self.epochs = pipeline.epochs if epochs is None else epochs
+        if epochs is None:
+            epochs = 0
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+            raise ConfigError(f"epochs={epochs!r}: a count of epochs, or None to run as many "
+                              "as you iterate")
+        self.epochs = epochs
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers!r}: worker processes for the Python "
+                              "parts, 0 (the calling process) or more")
+        self._plan = _Plan(pipeline) if pipeline._python_source else None
+        if num_workers and self._plan is None:
+            raise ConfigError("num_workers: worker processes run the Python parts of a Python "
+                              "source (from_sequence, from_iterable); this pipeline's source "
+                              "is read by flowstate's threads: use workers=N for those")
+        if prefetch_factor is not None and not num_workers:
+            raise ConfigError("prefetch_factor applies to worker processes (num_workers > 0)")
+        self.num_workers = num_workers
+        self._in_flight = num_workers * (2 if prefetch_factor is None else prefetch_factor)
+        self._timeout = timeout
+        self._worker_init_fn = worker_init_fn
+        self._pin = bool(pin_memory)
+        self._owns_pool = _pool is None
+        self._pool = _pool
         coordinator = None if process_group is None else _TorchCoordinator(process_group)
-        self._native = _C.Loader(pipeline._native, self.epochs, workers, prefetch, coordinator)
+        native_pipeline = self._plan.pipeline if self._plan else pipeline
+        self._native = _C.Loader(native_pipeline._native, self.epochs,
+                                 _workers_option(workers), prefetch, coordinator)
+        self._device = _device_of(self._plan.device) if self._plan else None
+        if self._pin:
+            import torch
+            if not torch.cuda.is_available():
+                warnings.warn("pin_memory=True, but no CUDA device is available: batches stay "
+                              "in ordinary memory", stacklevel=2)
+                self._pin = False
         self._len = None
+        self._pending = collections.deque()
+        self._ident = 0
+        self._state = None           # the plan's state after the last delivered batch
+        self._epoch = 0              # the epoch the next iteration yields
+        self._ended = False          # the native loader has no more batches
+        self._closed = False
+
+    # -- iteration, one epoch at a time --
+    @property
+    def epoch(self):
+        """The epoch the next (or the current) iteration yields, 0-based."""
+        return self._epoch
+
+    def set_epoch(self, epoch):
+        """torch's convention, kept so that `loader.set_epoch(epoch)` loops run unchanged. The
+        native Loader's epochs follow each other (epoch e's order is a function of the seed and
+        e, and its state continues from e-1's), so `epoch` must be the one the next iteration
+        yields (loader.epoch) -- e.g. the epoch of a loaded state_dict. flowstate.DataLoader
+        takes any epoch."""
+        self._check_open()
+        if epoch != self._epoch:
+            raise Error(f"set_epoch({epoch}): this Loader's next epoch is {self._epoch}; its "
+                        "epochs follow each other (load a state_dict to continue elsewhere, or "
+                        "use flowstate.DataLoader, whose set_epoch takes any epoch)")
 
     def __iter__(self):
-        return self
+        self._check_open()
+        if self.epochs and self._epoch >= self.epochs:
+            raise Error(f"this Loader ran its {self.epochs} epoch(s) (epochs={self.epochs}); "
+                        "make it with epochs=None to run as many epochs as you iterate")
+        return self._epoch_batches()
+
+    def _epoch_batches(self):
+        while True:
+            b = self._next_batch()
+            if b is None:
+                if self.epochs:
+                    self._epoch = self.epochs
+                return
+            yield b
+            if b.info.is_last_in_epoch:
+                self._epoch = b.info.epoch + 1
+                return
 
     def __next__(self):
+        """The next batch of the whole run, across epochs (the C++ Loader's next()):
+        StopIteration only after the last epoch. A `for` loop takes one epoch."""
+        b = self._next_batch()
+        if b is None:
+            if self.epochs:
+                self._epoch = self.epochs
+            raise StopIteration
+        self._epoch = b.info.epoch + (1 if b.info.is_last_in_epoch else 0)
+        return b
+
+    def _drop(self, p):
+        if p.submitted and self._pool is not None:
+            try:
+                self._pool.result(p.ident)
+            except Exception:
+                pass
+
+    # -- batches --
+    def _plan_next(self, peek=False):
+        """The next planned batch as a _Pending, or None after the last epoch. A plan's batch
+        carries its task's payload and the plan's state after it; a batch of a pipeline
+        without a Python source is made already (its state is kept only when peeked at)."""
+        if self._ended:
+            return None
+        keep_state = self._plan is not None or peek
+        if keep_state and self._state is None:
+            self._state = self._native.state()  # what was delivered so far
         parts = self._native.next()
         if parts is None:
-            raise StopIteration
+            self._ended = True
+            return None
         info, fields, value, producers, fence = parts
-        if value is not None:
-            fields = dict(value) if isinstance(value, Mapping) else {self.pipeline._value_name: value}
-        return Batch(BatchInfo._make(info), fields, value, producers, fence)
+        info = BatchInfo._make(info)
+        state = self._native.state() if keep_state else None
+        if self._plan is None:
+            b = _Pending(info, state, None, None)
+            if value is not None:
+                fields = (dict(value) if isinstance(value, Mapping)
+                          else {self.pipeline._value_name: value})
+            b.value = Batch(info, fields, value, producers, fence)
+            b.ready = True
+            return b
+        payload = value.tolist() if self._plan.indices else value
+        self._ident += 1
+        return _Pending(info, state, payload, self._ident)
+
+    def _submit(self, p):
+        seed = _workers.task_seed(self._plan.program.seed, p.info.epoch, p.info.step)
+        where = (f"step {p.info.step} (epoch {p.info.epoch}, "
+                 + (f"items {p.payload}" if self._plan.indices else f"{len(p.payload)} items")
+                 + ")")
+        self._pool.submit(p.ident, p.payload, seed, where)
+        p.submitted = True
+
+    def _fill(self):
+        while len(self._pending) < self._in_flight:
+            p = self._plan_next()
+            if p is None:
+                return
+            self._submit(p)
+            self._pending.append(p)
+
+    def _next_batch(self):
+        self._check_open()
+        if self._plan is None:
+            p = self._pending.popleft() if self._pending else self._plan_next()
+            if p is None:
+                return None
+            self._state = p.state  # None: the native loader's own state is this batch's
+            return p.value
+        if self.num_workers:
+            if self._pool is None:
+                self._pool = _workers.Pool(self._plan.program, self.num_workers,
+                                           self._worker_init_fn, self._timeout)
+            for p in self._pending:
+                if p.ident is not None and not p.submitted:
+                    self._submit(p)
+            self._fill()
+            if not self._pending:
+                return None
+            p = self._pending.popleft()
+            value = self._pool.result(p.ident)
+            self._fill()
+        else:
+            p = self._pending.popleft() if self._pending else self._plan_next()
+            if p is None:
+                return None
+            seed = _workers.task_seed(self._plan.program.seed, p.info.epoch, p.info.step)
+            value = _workers.run_here(self._plan.program, p.payload, seed)
+        self._state = p.state
+        return self._batch(p.info, value)
+
+    def _batch(self, info, value):
+        if self._pin:
+            value = _map_tensors(value, lambda t: t.pin_memory())
+        if self._device is not None:
+            value = _map_tensors(value, lambda t: t.to(self._device, non_blocking=self._pin))
+        fields = dict(value) if isinstance(value, Mapping) else {self.pipeline._value_name: value}
+        return Batch(info, fields, value)
 
     def __len__(self):
-        """Batches the run schedules (epochs x batches per epoch), when the epoch's length is
-        known. The first call assembles one batch on a separate loader to learn it."""
+        """Batches in one epoch (of this rank), when the epoch's length is known: torch's
+        len(DataLoader). The first call plans one batch on a separate loader to learn it."""
+        self._check_open()
         if self._len is None:
-            if self.epochs == 0:
-                raise TypeError("len() of a loader that runs forever (epochs=0)")
-            probe = _C.Loader(self.pipeline._native, 1, 1, 1)
+            native = self._plan.pipeline._native if self._plan else self.pipeline._native
+            probe = _C.Loader(native, 1, 1, 1)
             parts = probe.next()
             del probe
             per_epoch = 0 if parts is None else BatchInfo._make(parts[0]).batches_in_epoch
             if per_epoch is None:
                 raise TypeError("len() of a loader whose epoch length is unknown (a source of "
                                 "unknown size, a filter, pack or mix)")
-            self._len = self.epochs * per_epoch
+            self._len = per_epoch
         return self._len
 
     # -- state --
+    def _reset_pending(self):
+        while self._pending:
+            self._drop(self._pending.popleft())
+        self._ended = False
+        self._state = None
+        self._iter = None
+
+    def _after_load(self):
+        """After a load or restore: the next batch is planned now (peeked at), so that
+        loader.epoch says which epoch the next iteration continues."""
+        fields = _C.state_fields(self._native.state())
+        p = self._plan_next(peek=True)
+        if p is not None:
+            self._pending.append(p)
+            self._epoch = p.info.epoch
+        else:
+            self._epoch = (fields["epoch"] or 0) + 1
+
     def state(self):
         """The encoded state after the last batch received (bytes)."""
-        return self._native.state()
+        self._check_open()
+        return self._state if self._state is not None else self._native.state()
 
     def load_state(self, state):
+        self._check_open()
+        self._reset_pending()
         self._native.load_state(bytes(state))
+        self._after_load()
 
     def state_dict(self):
         """A small picklable dict (torchdata StatefulDataLoader's contract): the state after the
         last batch received, plus readable fields. Store it with torch.save next to the model
         and optimizer; load_state_dict() on a loader of the same pipeline continues with the
-        next batch exactly, with any number of workers."""
-        d = {"version": STATE_DICT_VERSION, "state": self._native.state()}
-        d.update(self._native.state_fields())
+        next batch exactly, with any number of workers or worker processes."""
+        self._check_open()
+        state = self.state()
+        d = {"version": STATE_DICT_VERSION, "state": state}
+        d.update(_C.state_fields(state))
         return d
 
     def load_state_dict(self, state_dict):
         """Continues from state_dict(). Raises CheckpointError naming what differs when it was
         saved by a pipeline whose output differs, or what is missing when it is not one."""
+        self._check_open()
         if not isinstance(state_dict, Mapping):
             raise CheckpointError(f"state_dict: expected a dict, got {type(state_dict).__name__}")
         for key in ("version", "state", "fingerprint"):
@@ -575,33 +880,71 @@ class Loader:
                                   f"{STATE_DICT_VERSION}; upgrade flowstate")
         # The encoded state carries the canonical description: a different pipeline is
         # refused there, with every differing field named.
-        self._native.load_state(bytes(state_dict["state"]))
+        self.load_state(state_dict["state"])
 
     def skip(self, first, last):
         """Drops steps [first, last] (inclusive) without reading them; part of the state."""
+        self._check_open()
+        if self._pending:
+            # Planned ahead (a peek after a load, or tasks in flight): plan again from the
+            # last delivered batch, with the skip.
+            state = self.state()
+            self._reset_pending()
+            self._native.load_state(state)
+            self._native.skip(first, last)
+            self._after_load()
+            return
         self._native.skip(first, last)
 
     def save_checkpoint(self, directory, keep=3, overwrite=False):
         """Writes the state as a checkpoint under `directory` (atomic, three fsyncs); returns
         the step directory. keep: newest checkpoints kept (0: all)."""
+        self._check_open()
+        if self._state is not None:
+            return self._native.save_state_checkpoint(os.fspath(directory), self._state, keep,
+                                                      overwrite)
         return self._native.save_checkpoint(os.fspath(directory), keep, overwrite)
 
     def restore(self, directory):
         """Continues from the newest checkpoint under `directory` that verifies; returns
         {path, step, skipped} or None for a fresh start (no evidence of checkpoints)."""
-        return self._native.restore(os.fspath(directory))
+        self._check_open()
+        self._reset_pending()
+        found = self._native.restore(os.fspath(directory))
+        if found is not None:
+            self._after_load()
+        return found
 
     def stats(self):
         """Where time went: per-stage items and busy time, consumer and graph waits."""
+        self._check_open()
         return self._native.stats()
 
     @property
     def fingerprint(self):
+        self._check_open()
         return self._native.fingerprint
 
+    def _check_open(self):
+        if self._closed:
+            raise Error("this flowstate.Loader is closed")
+
     def close(self):
-        """Stops the graph now (also mid-epoch). Tensors handed out stay valid."""
+        """Stops the graph and the worker processes now (also mid-epoch). Tensors handed out
+        stay valid; every later call raises flowstate.Error."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None and self._owns_pool:
+            self._pool.close()
+        self._pool = None
+        self._pending.clear()
         self._native = None
+
+    def __del__(self):
+        pool = getattr(self, "_pool", None)
+        if pool is not None and getattr(self, "_owns_pool", False):
+            pool.close()
 
 
 class GradientAccumulator:
@@ -631,3 +974,9 @@ class GradientAccumulator:
     def step_scale(self, batch):
         """Factor for the accumulated gradients before the step: 1 for a full window."""
         return self._native.step_scale(*self._info(batch))
+
+
+from ._dataloader import DataLoader  # noqa: E402 -- built on the names above
+from ._workers import WorkerInfo, get_worker_info  # noqa: E402
+
+__all__ += ["DataLoader", "WorkerInfo", "get_worker_info"]

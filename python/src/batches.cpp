@@ -28,6 +28,61 @@ py::capsule dlpack_capsule(const Tensor& t) {
   });
 }
 
+namespace {
+
+/// Whether the installed torch has the unsigned type `d` (torch 1.13 has uint8 only; 2.3 and
+/// later also uint16/32/64, which then come zero-copy through DLPack like every other type).
+bool torch_has(DType d) {
+  static const bool wide = [] {
+    py::gil_scoped_acquire gil;
+    return py::hasattr(py::module_::import("torch"), "uint32");
+  }();
+  return wide || (d != DType::kUInt16 && d != DType::kUInt32 && d != DType::kUInt64);
+}
+
+template <class From, class To>
+Tensor widened(const Tensor& t, DType to) {
+  Tensor out(to, t.shape());
+  const auto in = t.values<From>();
+  const auto dst = out.values<To>();
+  for (std::size_t i = 0; i < in.size(); ++i) dst[i] = static_cast<To>(in[i]);
+  return out;
+}
+
+/// `t` in a type the installed torch holds, by the rule README.md documents: uint16 → int32,
+/// uint32 → int64 (every value fits), uint64 → int64 when every value is below 2^63 (else an
+/// Error naming the field). A copy, in host memory; other types are returned as they are.
+Tensor torch_typed(const Tensor& t, std::string_view field) {
+  if (torch_has(t.dtype())) return t;
+  const std::string who = field.empty() ? "a tensor" : "field '" + std::string(field) + "'";
+  if (t.device().kind == MemoryKind::kDevice)
+    throw Error(who + " of dtype " + std::string(dtype_name(t.dtype())) +
+                " is on a device, and this torch has no such type: convert it before "
+                "device_copy (a map with `decode`/`cast` to a signed type)");
+  switch (t.dtype()) {
+    case DType::kUInt16:
+      return widened<std::uint16_t, std::int32_t>(t, DType::kInt32);
+    case DType::kUInt32:
+      return widened<std::uint32_t, std::int64_t>(t, DType::kInt64);
+    case DType::kUInt64: {
+      for (const std::uint64_t v : t.values<std::uint64_t>())
+        if (v > static_cast<std::uint64_t>(INT64_MAX))
+          throw Error(who + " of dtype uint64 holds " + std::to_string(v) +
+                      ", which torch's int64 cannot hold (this torch has no uint64)");
+      return widened<std::uint64_t, std::int64_t>(t, DType::kInt64);
+    }
+    default:
+      return t;
+  }
+}
+
+}  // namespace
+
+py::object to_torch(const Tensor& t, std::string_view field) {
+  const Tensor typed = torch_typed(t, field);
+  return to_torch(typed);
+}
+
 py::object to_torch(const Tensor& t) {
   // torch.utils.dlpack.from_dlpack calls torch._C._from_dlpack for a capsule; calling it
   // directly saves a Python frame per tensor.
@@ -100,10 +155,16 @@ py::tuple batch_parts(const Batch& b) {
   PyFence fence{b.fence};
   for (const auto& [id, tensor] : b.fields) {
     py::str name(std::string(field_name(id)));
-    fields[name] = to_torch(tensor);
-    producers[name] = PyDLPackTensor{tensor, fence};
+    const Tensor typed = torch_typed(tensor, field_name(id));
+    fields[name] = to_torch(typed);
+    producers[name] = PyDLPackTensor{typed, fence};
   }
-  py::object user = b.user.holds<PyObj>() ? b.user.get<PyObj>().get() : py::none();
+  // A Python collate's value, or the int64 index tensor of a plan (flowstate/_workers.py).
+  py::object user = py::none();
+  if (b.user.holds<PyObj>())
+    user = b.user.get<PyObj>().get();
+  else if (b.user.holds<Tensor>())
+    user = to_torch(b.user.get<Tensor>());
   return py::make_tuple(info_tuple(b.info), fields, user, producers, fence);
 }
 

@@ -59,10 +59,22 @@ class PyObj {
   }
   /// A new reference; the GIL must be held.
   py::object get() const { return py::reinterpret_borrow<py::object>(o_); }
+  /// Drops the reference now (the GIL must be held); get() then returns None's null handle.
+  void release() { Py_CLEAR(o_); }
 
  private:
   PyObject* o_ = nullptr;
 };
+
+/// The user's objects that C++ keeps for as long as a pipeline lives (its callables and
+/// specs): shutdown() (run by atexit, while the interpreter is whole) drops every reference
+/// they still hold. Otherwise a pipeline freed during finalization — when PyObj no longer
+/// decrements — would keep, say, a `collate` defined in __main__ and with it __main__'s
+/// globals, whose open files would then never be flushed and closed.
+std::shared_ptr<PyObj> kept(const py::handle& h);
+std::shared_ptr<std::vector<PyObj>> kept_list();
+/// Drops what kept() and kept_list() made (the GIL is held; the graphs are stopped).
+void release_kept();
 
 /// A Python exception raised by a callback inside the graph. It travels through the graph as
 /// a flowstate::Error (which names the node) and is raised again in Python as the original
@@ -89,6 +101,9 @@ auto call_python(const std::string& who, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
   } catch (py::error_already_set& e) {
+    // The traceback travels on the exception object, so that the user's own frames stay in
+    // it when the loop raises it again (pybind11 keeps it beside the value).
+    if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
     auto exception = std::make_shared<PyObj>(e.value());
     std::string what = who + " raised " + std::string(py::str(e.type().attr("__name__"))) + ": " +
                        std::string(py::str(e.value()));
@@ -110,8 +125,13 @@ Registry python_registry(const std::shared_ptr<std::vector<PyObj>>& specs);
 
 // ---- batches.cpp ----
 
-/// A flowstate tensor as a torch.Tensor sharing its memory (DLPack).
+/// A flowstate tensor as a torch.Tensor sharing its memory (DLPack). The tensor's type must
+/// be one the installed torch holds.
 py::object to_torch(const Tensor& t);
+/// The same for field `field` of any type: an unsigned type this torch lacks is widened
+/// (uint16 → int32, uint32 → int64, uint64 → int64 when every value fits; a copy), and a
+/// value it cannot hold is an Error naming the field.
+py::object to_torch(const Tensor& t, std::string_view field);
 
 /// PyTorch's current stream on `device` (the stream handover's consumer in Python).
 CudaStream torch_current_stream(const Device& device);

@@ -70,7 +70,7 @@ struct PyPipeline {
 py::tuple load_yaml(const std::string& text_or_path, bool is_file, const std::string& origin,
                     const std::vector<std::string>& overrides, std::optional<std::string> base_dir,
                     const py::list& python_nodes) {
-  auto specs = std::make_shared<std::vector<PyObj>>();
+  auto specs = kept_list();
   for (const py::handle& h : python_nodes) specs->emplace_back(h);
   Registry registry = python_registry(specs);
   YamlOptions options{.overrides = overrides, .registry = &registry};
@@ -126,6 +126,16 @@ class PyCoordinator final : public Coordinator {
   std::uint64_t rank_ = 0, world_ = 1;
 };
 
+/// The readable fields of a state (Loader.state_dict()'s): the next step, the last batch's
+/// epoch (None before the first), the fingerprint.
+py::dict fields_of(const PipelineState& s) {
+  py::dict d;
+  d["step"] = s.last_step ? *s.last_step + 1 : 0;
+  d["epoch"] = s.last_epoch ? py::cast(*s.last_epoch) : py::none();
+  d["fingerprint"] = s.fingerprint;
+  return d;
+}
+
 class PyLoader;
 
 /// The live loaders, stopped by shutdown() (registered with atexit): the graph's threads must
@@ -149,6 +159,7 @@ class PyLoader {
       : specs_(p.specs) {
     std::shared_ptr<Coordinator> coord;
     if (!coordinator.is_none()) coord = std::make_shared<PyCoordinator>(std::move(coordinator));
+    coordinator_ = coord;
     {
       std::lock_guard lock(live_loaders().mu);
       if (live_loaders().shut_down)
@@ -197,14 +208,7 @@ class PyLoader {
     return batch_parts(*b);
   }
   py::bytes state() const { return py::bytes(loader().state()); }
-  py::dict state_fields() const {
-    PipelineState s = loader().state_struct();
-    py::dict d;
-    d["step"] = s.last_step ? *s.last_step + 1 : 0;
-    d["epoch"] = s.last_epoch ? py::cast(*s.last_epoch) : py::none();
-    d["fingerprint"] = s.fingerprint;
-    return d;
-  }
+  py::dict state_fields() const { return fields_of(loader().state_struct()); }
   void load_state(const std::string& state) {
     py::gil_scoped_release release;
     loader().load_state(state);
@@ -216,6 +220,18 @@ class PyLoader {
   std::string save_checkpoint(const std::string& dir, std::size_t keep, bool overwrite) {
     py::gil_scoped_release release;
     return loader().save_checkpoint(dir, {.keep = keep, .overwrite = overwrite});
+  }
+  /// Writes `state` — one this loader's state() returned earlier (a plan's, whose loader runs
+  /// ahead of the batches delivered: flowstate/_workers.py) — as the checkpoint of its step,
+  /// collectively when the loader has a coordinator.
+  std::string save_state_checkpoint(const std::string& dir, const std::string& state,
+                                    std::size_t keep, bool overwrite) {
+    py::gil_scoped_release release;
+    const PipelineState decoded = PipelineState::decode(state);
+    const std::uint64_t step = decoded.last_step ? *decoded.last_step + 1 : 0;
+    const CheckpointWriteOptions options{.keep = keep, .overwrite = overwrite};
+    if (coordinator_) return write_group_checkpoint(dir, step, state, *coordinator_, options);
+    return write_checkpoint(dir, step, state, options);
   }
   py::object restore(const std::string& dir) {
     std::optional<CheckpointFound> found;
@@ -254,6 +270,7 @@ class PyLoader {
 
  private:
   std::shared_ptr<std::vector<PyObj>> specs_;
+  std::shared_ptr<Coordinator> coordinator_;
   std::unique_ptr<Loader> loader_;
 };
 
@@ -319,13 +336,19 @@ PYBIND11_MODULE(_flowstate, m) {
 
   // A view `offset` bytes into a buffer holding `data`, exported as to_torch exports every
   // field: what the tests use to check the DLPack export of a view from Python.
-  m.def("_export_view_for_test",
-        [](const py::bytes& data, std::size_t offset, const std::vector<std::int64_t>& shape) {
-          const std::string bytes = data;
-          auto buffer = Buffer::allocate(bytes.size());
-          std::memcpy(buffer->data(), bytes.data(), bytes.size());
-          return to_torch(Tensor(std::move(buffer), offset, DType::kUInt8, Shape::of(shape)));
-        });
+  // A field of any dtype ("uint16", ...) is exported by the same rule (widened where this
+  // torch lacks the type).
+  m.def(
+      "_export_view_for_test",
+      [](const py::bytes& data, std::size_t offset, const std::vector<std::int64_t>& shape,
+         const std::string& dtype) {
+        const std::string bytes = data;
+        auto buffer = Buffer::allocate(bytes.size());
+        std::memcpy(buffer->data(), bytes.data(), bytes.size());
+        return to_torch(Tensor(std::move(buffer), offset, parse_dtype(dtype), Shape::of(shape)),
+                        "test");
+      },
+      py::arg("data"), py::arg("offset"), py::arg("shape"), py::arg("dtype") = "uint8");
   m.def(
       "shutdown",
       [] {
@@ -336,8 +359,13 @@ PYBIND11_MODULE(_flowstate, m) {
           loaders.assign(live_loaders().loaders.begin(), live_loaders().loaders.end());
         }
         for (PyLoader* l : loaders) l->stop();
+        release_kept();
       },
       "Stops every Loader's graph (registered with atexit).");
+  m.def(
+      "state_fields",
+      [](const py::bytes& state) { return fields_of(PipelineState::decode(std::string(state))); },
+      "The readable fields of an encoded state: step, epoch, fingerprint.");
   m.def("schema", &schema, "Every node type a pipeline may name, with its parameters.");
   m.def("pipeline_params", &top_level_params, "The top-level keys of a pipeline document.");
   m.def("load_yaml", &load_yaml, py::arg("text_or_path"), py::arg("is_file"), py::arg("origin"),
@@ -378,6 +406,7 @@ PYBIND11_MODULE(_flowstate, m) {
       .def("load_state", &PyLoader::load_state)
       .def("skip", &PyLoader::skip)
       .def("save_checkpoint", &PyLoader::save_checkpoint)
+      .def("save_state_checkpoint", &PyLoader::save_state_checkpoint)
       .def("restore", &PyLoader::restore)
       .def("stats", &PyLoader::stats)
       .def_property_readonly("fingerprint", &PyLoader::fingerprint);

@@ -7,6 +7,60 @@
 
 namespace flowstate::python {
 
+// ---- what shutdown() releases ----
+
+namespace {
+struct Kept {
+  std::mutex mu;
+  std::vector<std::weak_ptr<PyObj>> objects;
+  std::vector<std::weak_ptr<std::vector<PyObj>>> lists;
+};
+Kept& kept_registry() {
+  static auto* k = new Kept;  // never destroyed: used until the process ends
+  return *k;
+}
+template <class T>
+void prune(std::vector<std::weak_ptr<T>>& v) {
+  std::erase_if(v, [](const std::weak_ptr<T>& w) { return w.expired(); });
+}
+}  // namespace
+
+std::shared_ptr<PyObj> kept(const py::handle& h) {
+  auto p = std::make_shared<PyObj>(h);
+  Kept& k = kept_registry();
+  std::lock_guard lock(k.mu);
+  if (k.objects.size() >= 64 && k.objects.size() % 64 == 0) prune(k.objects);
+  k.objects.push_back(p);
+  return p;
+}
+
+std::shared_ptr<std::vector<PyObj>> kept_list() {
+  auto p = std::make_shared<std::vector<PyObj>>();
+  Kept& k = kept_registry();
+  std::lock_guard lock(k.mu);
+  if (k.lists.size() >= 64 && k.lists.size() % 64 == 0) prune(k.lists);
+  k.lists.push_back(p);
+  return p;
+}
+
+void release_kept() {
+  Kept& k = kept_registry();
+  std::vector<std::shared_ptr<PyObj>> objects;
+  std::vector<std::shared_ptr<std::vector<PyObj>>> lists;
+  {
+    std::lock_guard lock(k.mu);
+    for (auto& w : k.objects)
+      if (auto p = w.lock()) objects.push_back(std::move(p));
+    for (auto& w : k.lists)
+      if (auto p = w.lock()) lists.push_back(std::move(p));
+    k.objects.clear();
+    k.lists.clear();
+  }
+  for (auto& o : objects) o->release();
+  for (auto& l : lists)
+    for (PyObj& o : *l) o.release();
+}
+
 // ---- sources ----
 
 /// seq[i] for from_sequence: the range is iota(0, n) | transform(SequenceItem), random access.
@@ -111,14 +165,40 @@ UserCollateFn python_collate(PyCallable collate) {
 std::string attr_string(const py::handle& h, const char* name) { return py::str(h.attr(name)); }
 
 PyCallable callable_of(const py::handle& spec, const char* attr, const std::string& who) {
-  return {std::make_shared<PyObj>(spec.attr(attr)), who};
+  return {kept(spec.attr(attr)), who};
 }
 
-/// The source a Python spec describes (kind "sequence" or "iterable").
+/// A source over the iterable the spec's factory makes each epoch: exact resume through its
+/// state_dict()/load_state_dict() when it has them, a replay of the epoch otherwise.
+SourceSpec producer_source(const py::handle& spec, RangeOptions options) {
+  const PyCallable factory = callable_of(spec, "obj", "iterable '" + options.name + "'");
+  const bool takes_epoch = spec.attr("takes_epoch").cast<bool>();
+  if (spec.attr("resumable").cast<bool>())
+    return from_producer(ProducerFactory<ResumablePyProducer>{factory, takes_epoch},
+                         std::move(options));
+  const std::string name = options.name;
+  SourceSpec source =
+      from_producer(ProducerFactory<PyProducer>{factory, takes_epoch}, std::move(options));
+  source.warnings = {"'" + name +
+                     "' has no state_dict()/load_state_dict(): a resume replays its epoch "
+                     "from the start (up to one epoch of work)"};
+  return source;
+}
+
+/// The source a Python spec describes. Kinds "sequence" and "iterable" run the user's
+/// __getitem__ / iterator and collate here, on the graph's threads. Kinds "indices" and
+/// "items" are the plans of flowstate/_workers.py, whose Python side reads, maps and collates
+/// each batch (in the calling process or in worker processes): "indices" yields 0..n-1 as
+/// int64 values, collated by Collate<std::int64_t> into an int64 tensor, with no Python per
+/// item; "items" yields the iterable's items and collates them into a list.
 SourceSpec python_source(const py::handle& spec) {
   const std::string kind = attr_string(spec, "kind");
   RangeOptions options{.name = attr_string(spec, "name")};
   if (!spec.attr("size").is_none()) options.size = spec.attr("size").cast<std::uint64_t>();
+  if (kind == "indices") {
+    const auto n = spec.attr("length").cast<std::int64_t>();
+    return from_range(std::views::iota(std::int64_t{0}, n), std::move(options));
+  }
   SourceSpec source;
   if (kind == "sequence") {
     const auto n = spec.attr("length").cast<std::uint64_t>();
@@ -126,21 +206,13 @@ SourceSpec python_source(const py::handle& spec) {
     source = from_range(std::views::iota(std::uint64_t{0}, n) | std::views::transform(item),
                         std::move(options));
   } else {
-    const PyCallable factory = callable_of(spec, "obj", "iterable '" + options.name + "'");
-    const bool takes_epoch = spec.attr("takes_epoch").cast<bool>();
-    if (spec.attr("resumable").cast<bool>())
-      source = from_producer(ProducerFactory<ResumablePyProducer>{factory, takes_epoch},
-                             std::move(options));
-    else {
-      const std::string name = options.name;
-      source = from_producer(ProducerFactory<PyProducer>{factory, takes_epoch}, std::move(options));
-      source.warnings = {"'" + name +
-                         "' has no state_dict()/load_state_dict(): a resume replays its epoch "
-                         "from the start (up to one epoch of work)"};
-    }
+    source = producer_source(spec, std::move(options));
   }
+  const std::string name = attr_string(spec, "name");
   source.user_collate = python_collate(
-      callable_of(spec, "collate", "collate of '" + attr_string(spec, "name") + "'"));
+      kind == "items" ? PyCallable{kept(py::module_::import("builtins").attr("list")),
+                                   "the item list of '" + name + "'"}
+                      : callable_of(spec, "collate", "collate of '" + name + "'"));
   return source;
 }
 
@@ -249,7 +321,13 @@ SampleFn python_map_fn(PyCallable fn) {
 std::function<bool(const Sample&, MapContext&)> python_filter_fn(PyCallable fn) {
   return [fn](const Sample& s, MapContext&) {
     return call_python(fn.who, [&] {
-      py::object arg = s.user.holds<PyObj>() ? s.user.get<PyObj>().get() : sample_dict(s);
+      py::object arg;
+      if (s.user.holds<PyObj>())
+        arg = s.user.get<PyObj>().get();
+      else if (s.user.holds<std::int64_t>())  // a plan's index (flowstate/_workers.py)
+        arg = py::int_(s.user.get<std::int64_t>());
+      else
+        arg = sample_dict(s);
       return py::bool_(fn.fn->get()(arg)).cast<bool>();
     });
   };
@@ -295,9 +373,15 @@ Registry python_registry(const std::shared_ptr<std::vector<PyObj>>& specs) {
       throw ConfigError("python_map", "a Python map '" + name +
                                           "' works on samples: put it before batch (or give the "
                                           "source a collate function)");
-    PyCallable fn = callable_of(spec, "fn", "map '" + name + "'");
     MapOptions options{.name = name};
     if (ctx.params.has("workers")) options.workers = static_cast<int>(ctx.params.uint("workers"));
+    if (spec.attr("fn").is_none()) {
+      // In a plan (flowstate/_workers.py) the Python side applies the map to each batch's
+      // items; the node keeps its place and name in the pipeline (and the fingerprint).
+      ctx.builder.map([](Sample&, MapContext&) {}, std::move(options));
+      return;
+    }
+    PyCallable fn = callable_of(spec, "fn", "map '" + name + "'");
     ctx.builder.map(python_map_fn(std::move(fn)), std::move(options));
   };
   NodeSchema filter{

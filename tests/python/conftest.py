@@ -47,3 +47,9 @@ def cli():
     if not path or not os.path.exists(path):
         pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
     return path
+
+
+def every_epoch(loader):
+    """The batches of every epoch a bounded loader has left (of an unbounded one, the current
+    epoch's): one `for` loop per epoch, as a training loop takes them."""
+    return [b for _ in range(loader.epoch, loader.epochs or loader.epoch + 1) for b in loader]

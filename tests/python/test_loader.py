@@ -6,7 +6,7 @@ import flowstate
 import numpy as np
 import pytest
 import torch
-from conftest import RECORD_BYTES, record
+from conftest import RECORD_BYTES, every_epoch, record
 
 
 def index_of(row):
@@ -28,7 +28,7 @@ def test_batches_hold_the_records_bytes(records_doc):
 
 
 def test_batch_info(records_doc):
-    batches = list(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc), epochs=2))
+    batches = every_epoch(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc), epochs=2))
     assert len(batches) == 126
     last = batches[62].info
     assert (last.step, last.epoch, last.index_in_epoch, last.batches_in_epoch) == (62, 0, 62, 63)
@@ -50,7 +50,9 @@ def test_batch_info_counts_the_padding_of_a_short_rank(records_doc):
 
 
 def test_len_is_known_for_a_sized_pipeline(records_doc):
-    assert len(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc), epochs=3)) == 189
+    # torch's convention: batches per epoch, whatever the number of epochs.
+    assert len(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc), epochs=3)) == 63
+    assert len(flowstate.Loader(flowstate.Pipeline.from_dict(records_doc))) == 63
 
 
 def test_batch_is_a_read_only_mapping(records_doc):
@@ -87,7 +89,7 @@ def test_tensors_share_the_buffer_and_outlive_the_loader(records_doc):
 
 
 def drain(loader):
-    return [(b.info.step, b["data"].clone()) for b in loader]
+    return [(b.info.step, b["data"].clone()) for b in every_epoch(loader)]
 
 
 @pytest.mark.parametrize("cut", [0, 1, 30, 62, 63, 100])

@@ -8,7 +8,7 @@ import flowstate
 import numpy as np
 import pytest
 import torch
-from conftest import record
+from conftest import every_epoch, record
 
 
 @dataclasses.dataclass
@@ -31,7 +31,7 @@ def records(doc):
 
 
 def drain(loader, key):
-    return [(b.info.step, b[key].clone()) for b in loader]
+    return [(b.info.step, b[key].clone()) for b in every_epoch(loader)]
 
 
 def test_dataclass_items_through_from_sequence_and_collate():
@@ -214,7 +214,7 @@ def test_a_failing_map_raises_the_original_exception_naming_the_node():
 def test_gradient_accumulator_syncs_at_every_nth_and_at_the_epochs_last_batch():
     p = flowstate.from_sequence(list(range(22)), name="ints").batch(size=4).build()  # 6 batches
     acc = flowstate.GradientAccumulator(steps=4, batch_size=4)
-    syncs = [(b.info.epoch, b.info.index_in_epoch) for b in flowstate.Loader(p, epochs=2)
+    syncs = [(b.info.epoch, b.info.index_in_epoch) for b in every_epoch(flowstate.Loader(p, epochs=2))
              if acc.sync_gradients(b)]
     assert syncs == [(0, 3), (0, 5), (1, 3), (1, 5)]
     # Mid-window after a resume: the answer depends on batch.info only.
