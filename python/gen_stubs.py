@@ -171,9 +171,13 @@ class Writer:
         for attr, ann in self.instance_attributes(cls).items():
             if attr not in members and not (hasattr(cls, "_fields") and attr in cls._fields):
                 body.append(f"    {attr}: {ann or 'typing.Any'}")
+        if issubclass(cls, BaseException):
+            # The extension sets an error's attributes when it raises it (ConfigError.key,
+            # .node, DataError.file, .offset, ...): not on the class, so not listed here.
+            return [head, "    def __getattr__(self, name: str) -> typing.Any: ..."]
         for attr, value in members.items():
             public = not attr.startswith("_") or attr in DUNDERS
-            if not public or issubclass(cls, BaseException):
+            if not public:
                 continue
             if isinstance(value, staticmethod):
                 body += self.function(attr, value.__func__, "    ", "@staticmethod")

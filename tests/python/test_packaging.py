@@ -4,9 +4,11 @@ import ast
 import importlib.util
 import inspect
 import json
+import os
 import pathlib
 import re
 import subprocess
+import sys
 import typing
 
 import flowstate
@@ -157,7 +159,7 @@ def test_stubs_cover_the_hand_written_api():
         ["cls", "path", "overrides"]
     assert {n.target.id for n in top["BatchInfo"].body if isinstance(n, ast.AnnAssign)} == \
         set(flowstate.BatchInfo._fields)
-    assert "class ConfigError(Error, ValueError)" in text
+    assert "class ConfigError(Error, ValueError):\n    def __getattr__(self, name: str)" in text
     assert "__version__: str" in text
     assert "def describe_state(state: bytes | collections.abc.Mapping[str, typing.Any], " \
            "json: bool = False) -> str | dict" in text
@@ -237,3 +239,43 @@ def test_inspect_points_a_torch_file_at_describe_state(run_state, tmp_path, cli)
     # ... where it is shown.
     text = flowstate.describe_state(torch.load(tmp_path / "train.pt")["loader"])
     assert "step: 5 (batches consumed" in text
+
+
+def test_a_type_checker_reads_the_stubs(tmp_path):
+    """mypy (Debian's python3-mypy, when installed) on a user's script: right calls pass, and
+    a mistyped value, a missing or misspelt argument and a wrong choice are reported."""
+    pytest.importorskip("mypy", reason="needs mypy (python3-mypy)")
+    (tmp_path / "good.py").write_text(
+        "import flowstate\n"
+        "b = flowstate.records(paths='d/*.bin', record_bytes=16).shuffle(mode='buffer')\n"
+        "p: flowstate.Pipeline = b.pack(length=128).batch(size=8).build()\n"
+        "loader = flowstate.Loader(p, epochs=1)\n"
+        "text = flowstate.describe_state(loader.state_dict())\n"
+        "v: str = flowstate.__version__\n"
+        "try:\n    pass\nexcept flowstate.ConfigError as e:\n    print(e.key)\n")
+    (tmp_path / "bad.py").write_text(
+        "import flowstate\n"
+        "flowstate.records(paths='x', record_bytes='16')\n"
+        "flowstate.records(paths='x')\n"
+        "flowstate.records(paths='x', record_bytes=1).shuffle(mode='bufer')\n"
+        "flowstate.records(paths='x', record_bytes=1).pack(lenght=3)\n")
+
+    env = dict(os.environ)
+    if "site-packages" not in PACKAGE.parts:  # the build tree's; an installed one is found
+        env["MYPYPATH"] = str(PACKAGE.parent)  # through its py.typed (PEP 561)
+
+    def mypy(name):
+        return subprocess.run(
+            [sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", os.devnull,
+             "--no-error-summary", name], cwd=tmp_path, capture_output=True, text=True, env=env)
+
+    good = mypy("good.py")
+    assert good.returncode == 0, good.stdout
+    bad = mypy("bad.py")
+    errors = [line for line in bad.stdout.splitlines() if ": error: " in line]
+    assert [e.split(":")[1] for e in errors] == ["2", "3", "4", "5"], bad.stdout
+    assert 'Argument "record_bytes" to "records" has incompatible type "str"; expected "int"' \
+        in errors[0]
+    assert 'Missing named argument "record_bytes"' in errors[1]
+    assert 'Argument "mode" to "shuffle" of "Builder"' in errors[2] and "'bufer'" in errors[2]
+    assert 'Unexpected keyword argument "lenght" for "pack" of "Builder"' in errors[3]
