@@ -2,8 +2,9 @@
 # Installs flowstate's build and test dependencies from Debian's repositories.
 # Idempotent: packages already present are not touched. Runs apt-get directly as root,
 # through sudo otherwise. The Python package and its tests need pybind11, python3-dev,
-# pytest, numpy and python3-torch; LibTorch tests the DLPack export. These are also the
-# side-by-side comparison tools, so FLOWSTATE_DEPS_BENCH=1 (still accepted) adds nothing.
+# pytest, numpy and python3-torch (and mypy, which checks that a type checker reads the
+# package's stubs); LibTorch tests the DLPack export. These are also the side-by-side
+# comparison tools, so FLOWSTATE_DEPS_BENCH=1 (still accepted) adds nothing.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
@@ -12,7 +13,7 @@ pkgs=(build-essential cmake pkg-config git
       clang libclang-rt-14-dev libfuzzer-14-dev clang-format
       openmpi-bin libopenmpi-dev
       pybind11-dev python3-dev python3-pytest python3-numpy python3-torch python3-venv
-      python3-pip python3-setuptools libtorch-dev)
+      python3-pip python3-setuptools python3-mypy libtorch-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do
