@@ -3,7 +3,7 @@ so that it sees Debian's python3-torch and numpy; `pip install -v ...` shows the
 progress, which pip otherwise hides)
 
 Builds the `flowstate` Python package with the project's CMake: the extension target
-`flowstate_python`, its typed stubs (`flowstate_python_stubs`) and the `flowstate` command,
+`flowstate_python` (its build writes the typed stubs) and the `flowstate` command,
 and nothing else (no tests, benchmarks or examples), in build/pip (Release), or in
 FLOWSTATE_BUILD_DIR when set (an already configured build tree, e.g. build/dev: then only what
 changed is rebuilt). The command is installed on PATH beside the package's scripts. Needs
@@ -27,8 +27,8 @@ except ImportError:  # setuptools < 67 (Debian 12's): distutils' own, which setu
     from distutils.command.build_scripts import build_scripts
 
 ROOT = pathlib.Path(__file__).parent.resolve()
-# The targets the package needs: the extension, its stubs and the command.
-TARGETS = ["flowstate_python", "flowstate_python_stubs", "flowstate"]
+# The targets the package needs: the extension (whose build writes its stubs) and the command.
+TARGETS = ["flowstate_python", "flowstate"]
 
 
 def project_version():

@@ -5,8 +5,9 @@
 The builder's node methods and the source functions carry the node registry's parameters as
 their signatures (flowstate/__init__.py's _generate), so their stubs are the registry's; every
 other public class and function is written from its signature and annotations as the module
-has them, so the stubs follow the API as it changes. Run by CMake after the extension is built
-(python/CMakeLists.txt) and by setup.py into the wheel; never edited by hand.
+has them, so the stubs follow the API as it changes. Every build of the target flowstate_python
+runs it (python/CMakeLists.txt), and setup.py puts its output into the wheel; never edited by
+hand.
 """
 import ast
 import enum
@@ -233,17 +234,31 @@ class Writer:
 
 
 def main(argv):
-    if len(argv) != 2:
-        sys.exit("usage: gen_stubs.py PACKAGE_DIR   (the built flowstate package's directory)")
-    package = pathlib.Path(argv[1]).resolve()
+    args = argv[1:]
+    if_built = "--if-built" in args
+    args = [a for a in args if a != "--if-built"]
+    if len(args) != 1:
+        sys.exit("usage: gen_stubs.py [--if-built] PACKAGE_DIR   (the built flowstate package's "
+                 "directory; --if-built: nothing to do until its extension imports)")
+    package = pathlib.Path(args[0]).resolve()
     sys.path.insert(0, str(package.parent))
-    import flowstate  # noqa: E402 (the package just built, first on the path)
-
+    try:
+        import flowstate  # noqa: E402 (the package just built, first on the path)
+    except Exception as e:  # noqa: BLE001 (an old extension may lack what new files call)
+        if not if_built:
+            raise
+        # Not built yet, or the Python files are newer than the extension being rebuilt:
+        # its build writes the stubs.
+        print(f"gen_stubs.py: {package} does not import yet ({e}); the extension's build "
+              "writes the stubs")
+        return
     if pathlib.Path(flowstate.__file__).resolve().parent != package:
         sys.exit(f"gen_stubs.py: imported {flowstate.__file__}, not {package}")
     text = Writer(flowstate).write()
     ast.parse(text)  # a stub that does not parse is a bug here, not a file to ship
-    (package / "__init__.pyi").write_text(text)
+    target = package / "__init__.pyi"
+    if not target.exists() or target.read_text() != text:
+        target.write_text(text)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def test_package_ships_stubs_and_py_typed():
     text, _ = stub_tree()
     # The stubs are the package as it is now: generated again, they are the same.
     assert load_generator().Writer(flowstate).write() == text, \
-        "stale stubs: build the target flowstate_python_stubs"
+        "stale stubs: a build of flowstate_python writes them"
 
 
 def defs(body):
@@ -279,3 +279,18 @@ def test_a_type_checker_reads_the_stubs(tmp_path):
     assert 'Missing named argument "record_bytes"' in errors[1]
     assert 'Argument "mode" to "shuffle" of "Builder"' in errors[2] and "'bufer'" in errors[2]
     assert 'Unexpected keyword argument "lenght" for "pack" of "Builder"' in errors[3]
+
+
+def test_describe_state_takes_a_dataloaders_state_dict():
+    if not hasattr(flowstate, "DataLoader"):
+        pytest.skip("no flowstate.DataLoader in this build")
+    loader = flowstate.DataLoader(list(range(100)), batch_size=4)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    sd = loader.state_dict()
+    d = flowstate.describe_state(sd, json=True)
+    assert (d["step"], d["last_step"]) == (3, 2)
+    assert d["state_dict"]["epoch"] == sd["epoch"]
+    assert d["nodes"][-1]["state"]["next_step"] == 3
+    assert "\nstate_dict: " in flowstate.describe_state(sd)
