@@ -124,15 +124,13 @@ def _document_text(doc):
 class Pipeline:
     """An immutable, validated pipeline. Make one with from_yaml, from_dict or a builder."""
 
-    def __init__(self, native, epochs=1, checkpoint=None, value_name=None, quiet=False):
+    def __init__(self, native, epochs=1, checkpoint=None, value_name=None):
         self._native = native
         self.epochs = epochs  #: the document's `epochs` (1 when it has none)
         self.checkpoint = checkpoint  #: the document's `checkpoint:` section, or None
         self._value_name = value_name
-        # A builder's document and Python objects: a Python source runs as a plan (_Plan).
-        self._doc, self._python, self._base_dir = None, [], None
-        self._python_source = False
-        for w in () if quiet else native.warnings:
+        self._plan = None  # a Python source's (_Plan)
+        for w in native.warnings:
             warnings.warn(w, stacklevel=3)
 
     @classmethod
@@ -151,18 +149,12 @@ class Pipeline:
         return cls._load(doc, overrides, base_dir, origin, [], None)
 
     @classmethod
-    def _load(cls, doc, overrides, base_dir, origin, python_nodes, value_name, quiet=False):
+    def _load(cls, doc, overrides, base_dir, origin, python_nodes, value_name):
         text = _document_text(doc)
         native, epochs, ck = _C.load_yaml(text, False, origin, _overrides(overrides),
                                           None if base_dir is None else os.fspath(base_dir),
                                           python_nodes)
-        p = cls(native, epochs, ck, value_name, quiet)
-        p._doc, p._python, p._base_dir = doc, list(python_nodes), base_dir
-        source = doc.get("source") if isinstance(doc, Mapping) else None
-        p._python_source = (isinstance(source, Mapping) and source.get("type") == "iterable"
-                            and "ref" in source
-                            and python_nodes[source["ref"]].kind in ("sequence", "iterable"))
-        return p
+        return cls(native, epochs, ck, value_name)
 
     @property
     def fingerprint(self):
@@ -284,8 +276,15 @@ class Builder:
 
     def build(self, base_dir=None):
         """Validates and returns the Pipeline (ConfigError naming the node otherwise)."""
-        return Pipeline._load(self.document(), None, base_dir, "<builder>", self._python,
-                              self._value_name)
+        doc = self.document()
+        source = doc.get("source") or {}
+        if source.get("type") == "iterable" and "ref" in source:
+            plan = _Plan(doc, self._python)
+            p = Pipeline._load(plan.doc, None, base_dir, "<builder>", plan.python,
+                               self._value_name)
+            p._plan = plan
+            return p
+        return Pipeline._load(doc, None, base_dir, "<builder>", self._python, self._value_name)
 
     def loader(self, **kwargs):
         """Loader(self.build(), **kwargs)."""
@@ -512,17 +511,16 @@ class _TorchCoordinator:
 
 
 class _Plan:
-    """How a pipeline with a Python source runs (flowstate/_workers.py): the C++ pipeline that
-    plans its batches -- the source as indices (a sequence) or as the items (an iterable), the
-    Python maps in place as no-ops, a Python filter reading its item, no device_copy -- and the
-    Program that makes each planned batch."""
+    """How a pipeline with a Python source runs (flowstate/_workers.py): the document the C++
+    graph plans its batches with -- the source as its indices (a sequence) or its items (an
+    iterable), the Python maps in place as no-ops, a Python filter reading its item through
+    the Program, no device_copy (the Python side moves the batch) -- and the Program that
+    makes each planned batch."""
 
-    def __init__(self, pipeline):
-        doc, python = pipeline._doc, pipeline._python
+    def __init__(self, doc, python):
         src = python[doc["source"]["ref"]]
         plan = list(python)
-        maps, device = [], None
-        nodes = []
+        maps, device, nodes = [], None, []
         program = _workers.Program(src.obj if src.kind == "sequence" else None, [], src.collate,
                                    doc.get("seed", 0) or 0, src.name)
         for node in doc["nodes"]:
@@ -551,10 +549,8 @@ class _Plan:
         self.program = program
         self.device = device
         self.indices = src.kind == "sequence"
-        # Its warnings are the pipeline's, said when that was built.
-        self.pipeline = Pipeline._load(dict(doc, nodes=nodes), None, pipeline._base_dir,
-                                       "<builder>", plan, pipeline._value_name, quiet=True)
-        self.pipeline.epochs = pipeline.epochs
+        self.doc = dict(doc, nodes=nodes)
+        self.python = plan
 
 
 def _workers_option(workers, what="workers"):
@@ -638,7 +634,7 @@ class Loader:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"num_workers={num_workers!r}: worker processes for the Python "
                               "parts, 0 (the calling process) or more")
-        self._plan = _Plan(pipeline) if pipeline._python_source else None
+        self._plan = pipeline._plan
         if num_workers and self._plan is None:
             raise ConfigError("num_workers: worker processes run the Python parts of a Python "
                               "source (from_sequence, from_iterable); this pipeline's source "
@@ -653,8 +649,7 @@ class Loader:
         self._owns_pool = _pool is None
         self._pool = _pool
         coordinator = None if process_group is None else _TorchCoordinator(process_group)
-        native_pipeline = self._plan.pipeline if self._plan else pipeline
-        self._native = _C.Loader(native_pipeline._native, self.epochs,
+        self._native = _C.Loader(pipeline._native, self.epochs,
                                  _workers_option(workers), prefetch, coordinator)
         self._device = _device_of(self._plan.device) if self._plan else None
         if self._pin:
@@ -814,8 +809,7 @@ class Loader:
         len(DataLoader). The first call plans one batch on a separate loader to learn it."""
         self._check_open()
         if self._len is None:
-            native = self._plan.pipeline._native if self._plan else self.pipeline._native
-            probe = _C.Loader(native, 1, 1, 1)
+            probe = _C.Loader(self.pipeline._native, 1, 1, 1)
             parts = probe.next()
             del probe
             per_epoch = 0 if parts is None else BatchInfo._make(parts[0]).batches_in_epoch

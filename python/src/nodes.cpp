@@ -1,8 +1,9 @@
-// Python sources, maps, filters and collate functions as flowstate nodes: `from_sequence`
-// (random access, O(1) resume by index), `from_iterable` (a producer over the user's factory),
-// Python maps and filters on any sample (a Python value as it is; a tensor sample as a dict of
-// read-only numpy views), and the registry of one Python pipeline that adds them to the
-// process's node types. Every callback runs under the GIL (call_python).
+// Python sources, maps and filters as flowstate nodes, and the registry of one Python pipeline
+// that adds them to the process's node types. A Python source is a plan (flowstate/_workers.py):
+// `from_sequence` as its indices (random access, O(1) resume by index), `from_iterable` as a
+// producer over the user's factory; its maps are no-ops here and its filters read their item
+// through the Python side. Python maps and filters on a file source's samples see a dict of
+// read-only numpy views. Every callback runs under the GIL (call_python).
 #include "binding.h"
 
 namespace flowstate::python {
@@ -62,17 +63,6 @@ void release_kept() {
 }
 
 // ---- sources ----
-
-/// seq[i] for from_sequence: the range is iota(0, n) | transform(SequenceItem), random access.
-struct SequenceItem {
-  PyCallable seq;
-  PyObj operator()(std::uint64_t i) const {
-    return call_python(seq.who, [&] {
-      py::object s = seq.fn->get();
-      return PyObj(s[py::int_(i)]);
-    });
-  }
-};
 
 /// A producer over one epoch of a Python iterable made by the user's factory.
 struct PyProducer {
@@ -138,9 +128,7 @@ struct ProducerFactory {
   }
 };
 
-void python_value_to_device(UserValue& value, DeviceCopy& copy);
-
-/// Collates a batch of Python values with the Python `collate` (the user's or the default).
+/// Collates a batch of Python values with a Python callable (the plan of an iterable: `list`).
 UserCollateFn python_collate(PyCallable collate) {
   return [collate](std::vector<Sample>& samples, Batch& batch) {
     std::vector<PyObj> values;
@@ -158,7 +146,6 @@ UserCollateFn python_collate(PyCallable collate) {
       return PyObj(collate.fn->get()(list));
     });
     batch.user = UserValue::make(std::move(collated));
-    batch.user_to_device = python_value_to_device;
   };
 }
 
@@ -185,12 +172,11 @@ SourceSpec producer_source(const py::handle& spec, RangeOptions options) {
   return source;
 }
 
-/// The source a Python spec describes. Kinds "sequence" and "iterable" run the user's
-/// __getitem__ / iterator and collate here, on the graph's threads. Kinds "indices" and
-/// "items" are the plans of flowstate/_workers.py, whose Python side reads, maps and collates
-/// each batch (in the calling process or in worker processes): "indices" yields 0..n-1 as
-/// int64 values, collated by Collate<std::int64_t> into an int64 tensor, with no Python per
-/// item; "items" yields the iterable's items and collates them into a list.
+/// The source a Python spec describes: a plan (flowstate/_workers.py), whose Python side reads,
+/// maps and collates each batch, in the calling process or in worker processes. Kind "indices"
+/// (a sequence) yields 0..n-1 as int64 values, collated by Collate<std::int64_t> into an int64
+/// tensor, with no Python per item; kind "items" (an iterable) yields the iterable's items,
+/// collated into a list.
 SourceSpec python_source(const py::handle& spec) {
   const std::string kind = attr_string(spec, "kind");
   RangeOptions options{.name = attr_string(spec, "name")};
@@ -199,20 +185,11 @@ SourceSpec python_source(const py::handle& spec) {
     const auto n = spec.attr("length").cast<std::int64_t>();
     return from_range(std::views::iota(std::int64_t{0}, n), std::move(options));
   }
-  SourceSpec source;
-  if (kind == "sequence") {
-    const auto n = spec.attr("length").cast<std::uint64_t>();
-    SequenceItem item{callable_of(spec, "obj", "sequence '" + options.name + "' __getitem__")};
-    source = from_range(std::views::iota(std::uint64_t{0}, n) | std::views::transform(item),
-                        std::move(options));
-  } else {
-    source = producer_source(spec, std::move(options));
-  }
-  const std::string name = attr_string(spec, "name");
+  if (kind != "items") throw ConfigError("iterable.ref", "not a Python source: " + kind);
+  const std::string name = options.name;
+  SourceSpec source = producer_source(spec, std::move(options));
   source.user_collate = python_collate(
-      kind == "items" ? PyCallable{kept(py::module_::import("builtins").attr("list")),
-                                   "the item list of '" + name + "'"}
-                      : callable_of(spec, "collate", "collate of '" + name + "'"));
+      {kept(py::module_::import("builtins").attr("list")), "the item list of '" + name + "'"});
   return source;
 }
 
@@ -267,39 +244,11 @@ Tensor tensor_of(const py::handle& v, const std::string& who, const std::string&
   return Tensor(std::move(buffer), 0, dtype, Shape::of(dims));
 }
 
-/// device_copy of a Python source's batch: the CPU torch tensors of the collated value (a
-/// tensor, or dicts, lists and tuples of them, walked by flowstate._map_tensors) move to the
-/// target with DeviceCopy::to_device, so they join the batch's fence and its stream handover.
-/// A tensor of a dtype flowstate does not hold (float16, ...) is moved by torch itself
-/// (`.to(device)`, complete when it returns). Host targets leave the value as it is.
-void python_value_to_device(UserValue& value, DeviceCopy& copy) {
-  if (copy.target().kind != MemoryKind::kDevice || !value.holds<PyObj>()) return;
-  PyObj& v = value.get<PyObj>();
-  const std::string device = copy.target().to_string();
-  v = call_python("device_copy of '" + device + "' (a Python batch)", [&] {
-    py::cpp_function move([&copy, device](const py::object& t) -> py::object {
-      Tensor host;
-      try {
-        host = tensor_of(t, "collate", "value");
-      } catch (const Error&) {
-        return t.attr("to")(device);
-      }
-      return to_torch(copy.to_device(host));
-    });
-    return PyObj(py::module_::import("flowstate").attr("_map_tensors")(v.get(), move));
-  });
-}
-
-/// A Python map on any sample: a Python value (a Python source's) is passed as it is and
-/// replaced by what the function returns; a tensor sample is passed as sample_dict() and its
-/// fields replaced by the returned mapping's.
+/// A Python map on a sample of tensor fields (a file source's): it is passed as sample_dict()
+/// and its fields replaced by the returned mapping's. (A Python source's maps run on the
+/// Python side, flowstate/_workers.py: in the graph they are no-ops.)
 SampleFn python_map_fn(PyCallable fn) {
   return [fn](Sample& s, MapContext&) {
-    if (s.user.holds<PyObj>()) {
-      PyObj& v = s.user.get<PyObj>();
-      v = call_python(fn.who, [&] { return PyObj(fn.fn->get()(v.get())); });
-      return;
-    }
     Fields out = call_python(fn.who, [&] {
       py::object r = fn.fn->get()(sample_dict(s));
       if (!py::isinstance<py::dict>(r) &&
