@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -18,8 +20,33 @@ namespace flowstate::testing {
 std::string cli_path() { return FLOWSTATE_CLI; }
 std::string source_dir() { return FLOWSTATE_SOURCE_DIR; }
 
+namespace {
+
+/// The processes of session `sid` that have not died (zombies have), from /proc.
+std::vector<pid_t> live_members(pid_t sid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+    const std::string stat = read_file(it->path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;  // gone meanwhile
+    std::istringstream rest(stat.substr(close + 1));
+    char state = 0;
+    pid_t ppid = 0, pgrp = 0, session = 0;
+    if (!(rest >> state >> ppid >> pgrp >> session)) continue;
+    if (session == sid && state != 'Z' && state != 'X') out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+}  // namespace
+
 CliProcess::CliProcess(const std::vector<std::string>& args, const std::string& cwd,
-                       const std::string& program) {
+                       const std::string& program, bool own_session) {
   static std::atomic<int> counter{0};
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(counter++);
   out_path_ = cwd + "/.cli-out-" + tag;
@@ -37,6 +64,7 @@ CliProcess::CliProcess(const std::vector<std::string>& args, const std::string& 
   if (out < 0 || err < 0 || in < 0) throw std::runtime_error("cannot open output files");
   pid_ = ::fork();
   if (pid_ == 0) {
+    if (own_session && ::setsid() < 0) ::_exit(124);
     if (::chdir(cwd.c_str()) != 0) ::_exit(125);
     ::dup2(in, 0);
     ::dup2(out, 1);
@@ -48,9 +76,11 @@ CliProcess::CliProcess(const std::vector<std::string>& args, const std::string& 
   ::close(err);
   ::close(in);
   if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (own_session) session_ = pid_;
 }
 
 CliProcess::~CliProcess() {
+  if (session_ > 0) kill_session();
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
@@ -63,6 +93,32 @@ void CliProcess::signal(int sig) const {
   if (pid_ > 0) ::kill(pid_, sig);
 }
 
+bool CliProcess::exited() const {
+  if (pid_ <= 0) return true;
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+         info.si_pid == pid_;
+}
+
+int CliProcess::kill_session() {
+  if (session_ <= 0) return 0;
+  std::set<pid_t> killed;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    const std::vector<pid_t> alive = live_members(session_);
+    if (alive.empty()) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << alive.size() << " processes of session " << session_
+                    << " outlived SIGKILL by 30 s";
+      break;
+    }
+    for (pid_t p : alive)
+      if (::kill(p, SIGKILL) == 0) killed.insert(p);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return static_cast<int>(killed.size());
+}
+
 CliResult CliProcess::wait(double timeout_s) {
   CliResult r;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -72,7 +128,10 @@ CliResult CliProcess::wait(double timeout_s) {
     if (p == pid_) break;
     if (std::chrono::steady_clock::now() > deadline) {
       ADD_FAILURE() << "flowstate did not finish within " << timeout_s << " s; killed";
-      ::kill(pid_, SIGKILL);
+      if (session_ > 0)
+        kill_session();
+      else
+        ::kill(pid_, SIGKILL);
       ::waitpid(pid_, &status, 0);
       break;
     }

@@ -28,13 +28,23 @@ struct CliResult {
 class CliProcess {
  public:
   /// Starts `flowstate args...` in `cwd` (or `program args...` when `program` is given).
+  /// With `own_session`, the program leads a session of its own (setsid), which every process
+  /// it starts inherits, however deep and whatever process group it takes (mpirun's ranks each
+  /// lead one): kill_session() reaches them all.
   CliProcess(const std::vector<std::string>& args, const std::string& cwd,
-             const std::string& program = "");
+             const std::string& program = "", bool own_session = false);
   ~CliProcess();
   CliProcess(const CliProcess&) = delete;
   CliProcess& operator=(const CliProcess&) = delete;
 
   void signal(int sig) const;
+  /// Of a process started with `own_session`: SIGKILL to every process of its session, pass
+  /// after pass until none is left alive (a zombie is dead: its files are closed), so a process
+  /// forked during a pass dies in the next, and none of them runs or writes once this returns.
+  /// Fails the test when some survive 30 s. Returns the processes killed.
+  int kill_session();
+  /// Whether the process has ended (it stays waitable: wait() still reports how).
+  bool exited() const;
   /// The process id (-1 once waited for).
   pid_t pid() const { return pid_; }
   /// Waits for the end (killing the process after `timeout_s`, which fails the test).
@@ -42,6 +52,7 @@ class CliProcess {
 
  private:
   pid_t pid_ = -1;
+  pid_t session_ = -1;  ///< the session it leads (own_session), kept after wait()
   std::string out_path_, err_path_;
 };
 
