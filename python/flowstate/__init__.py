@@ -595,17 +595,16 @@ class Loader:
     """Runs a Pipeline, one epoch per iteration, as torch's DataLoader does: `for batch in
     loader` yields the batches of one epoch (each a Batch), and iterating again continues with
     the next epoch. `len(loader)` is the batches of one epoch (of this rank), `loader.epoch`
-    the epoch the next iteration yields. Breaking out of an epoch and iterating again starts
-    the next epoch (the rest of the unfinished one is skipped, as part of the state).
-
-    `next(loader)` is the next batch of the whole run, across epochs.
+    the epoch the next iteration yields. Breaking out of an epoch and iterating again continues
+    that epoch where it stopped (as a resumed state does). `next(loader)` is the next batch of
+    the whole run, across epochs.
 
     `epochs`: how many epochs the loader runs at most; None (the default) runs as many as you
     iterate. (A document's `epochs:` is what `flowstate run` runs, `pipeline.epochs`: pass
     epochs=pipeline.epochs for that bound.) An iteration after the last epoch raises Error,
-    never an empty loop. `workers` (threads
-    assembling batches, or "auto") and `prefetch` never change the batches, so a state saved
-    with one count restores with another. Waiting for a batch releases the GIL.
+    never an empty loop. `workers` (threads assembling batches, or "auto") and `prefetch`
+    never change the batches, so a state saved with one count restores with another. Waiting
+    for a batch releases the GIL.
 
     A pipeline whose source is Python (from_sequence, from_iterable) runs its Python parts --
     `__getitem__`, Python maps, collate -- in `num_workers` worker processes (0, the default:
@@ -674,10 +673,10 @@ class Loader:
 
     def set_epoch(self, epoch):
         """torch's convention, kept so that `loader.set_epoch(epoch)` loops run unchanged. The
-        native Loader's epochs follow each other (epoch e's order is a function of the seed and
-        e, and its state continues from e-1's), so `epoch` must be the one the next iteration
-        yields (loader.epoch) -- e.g. the epoch of a loaded state_dict. flowstate.DataLoader
-        takes any epoch."""
+        native Loader's epochs follow each other (an epoch continues the state of the one
+        before: a buffer shuffle's, an iterable's), so `epoch` must be the one the next
+        iteration yields (loader.epoch) -- e.g. the epoch of a loaded state_dict.
+        flowstate.DataLoader takes any epoch."""
         self._check_open()
         if epoch != self._epoch:
             raise Error(f"set_epoch({epoch}): this Loader's next epoch is {self._epoch}; its "
