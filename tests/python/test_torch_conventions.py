@@ -205,3 +205,18 @@ def test_no_shard_under_a_world_size_warns_once(records_doc, monkeypatch):
         warnings.simplefilter("always")
         flowstate.Pipeline.from_dict(doc)
     assert not any("no shard" in str(x.message) for x in w)
+
+
+def test_the_command_warns_of_a_missing_shard_too(tmp_path, data_dir, cli):
+    (tmp_path / "p.yaml").write_text(
+        f"source: {{type: records, paths: \"{data_dir}/*.bin\", record_bytes: 16}}\n"
+        "nodes:\n  - batch: {size: 8}\n")
+    env = dict(os.environ, WORLD_SIZE="4", RANK="0")
+    run = subprocess.run([cli, "validate", str(tmp_path / "p.yaml")], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "world size 4 but the pipeline has no shard node" in run.stderr
+    env["WORLD_SIZE"] = "1"
+    run = subprocess.run([cli, "validate", str(tmp_path / "p.yaml")], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert "no shard" not in run.stderr
