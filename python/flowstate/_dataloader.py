@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from . import (CheckpointError, ConfigError, Error, Loader, _workers, default_collate,
+from . import (CheckpointError, ConfigError, Error, Loader, _C, _workers, default_collate,
                from_iterable, from_sequence)
 
 #: Version of the dict DataLoader.state_dict() returns.
@@ -144,6 +144,10 @@ class DataLoader:
                               "map-style dataset")
         self.shuffle = bool(shuffle)
         self._rank, self._world, self._uneven = rank, world, uneven
+        # What the batches depend on besides the dataset and the seed: a state_dict saved
+        # with other values is refused, also at an epoch's end (where it holds no plan state).
+        self._config = {"batch_size": batch_size, "drop_last": self.drop_last,
+                        "shuffle": self.shuffle, "rank": rank, "world": world, "uneven": uneven}
         self._seed_given = seed is not None
         if seed is None:
             import torch
@@ -283,21 +287,20 @@ class DataLoader:
         plan's state within it) and the seed. load_state_dict() on a DataLoader over the same
         dataset continues with the next batch exactly, with any num_workers."""
         self._check_open()
-        cur = self._current
-        info = self.info
+        cur, info = self._current, self.info
         if cur is not None and info is not None and info.epoch == self._current_epoch:
             if info.is_last_in_epoch:
                 epoch, state, base = self._current_epoch + 1, None, info.step + 1
             else:
-                epoch, state, base = self._current_epoch, cur.state(), info.step - info.index_in_epoch
+                epoch, state = self._current_epoch, cur.state()
+                base = info.step - info.index_in_epoch
         else:
-            epoch, state, base = self._epoch, None, self._step_base
-            if self._resume is not None:
-                state = self._resume[1]
+            epoch, base = self._epoch, self._step_base
+            state = self._resume[1] if self._resume is not None else None
+        step = base + (_C.state_fields(state)["step"] if state is not None else 0)
         return {"version": DATALOADER_STATE_VERSION, "kind": _KIND, "epoch": epoch,
-                "state": state, "seed": self.seed, "step_base": base,
-                "step": (info.step + 1) if info is not None else base,
-                "dataset": self._name}
+                "state": state, "seed": self.seed, "step_base": base, "step": step,
+                "dataset": self._name, "config": dict(self._config)}
 
     def load_state_dict(self, state_dict):
         """Continues from state_dict(): the next iteration yields the batch after the saved
@@ -315,6 +318,11 @@ class DataLoader:
         if self._seed_given and state_dict["seed"] != self.seed:
             raise CheckpointError(f"state_dict: saved with seed={state_dict['seed']}, this "
                                   f"DataLoader has seed={self.seed}")
+        differ = [f"{k}={state_dict['config'].get(k)!r} (now {v!r})"
+                  for k, v in self._config.items() if state_dict["config"].get(k) != v]
+        if differ:
+            raise CheckpointError("state_dict: saved by a DataLoader whose batches differ: "
+                                  + ", ".join(differ))
         self.seed = state_dict["seed"]
         if self._current is not None:
             self._current.close()
@@ -322,15 +330,13 @@ class DataLoader:
         self._epoch = state_dict["epoch"]
         self._step_base = state_dict["step_base"]
         self._resume = None
+        self.info = None
         if state_dict["state"] is not None:
             # Checked now: a state of another pipeline is refused here, naming what differs.
-            probe = self._loader_for_check(self._epoch)
+            probe = Loader(self._pipeline(self._epoch), epochs=1)
             probe.load_state(state_dict["state"])
             probe.close()
             self._resume = (self._epoch, state_dict["state"])
-
-    def _loader_for_check(self, epoch):
-        return Loader(self._pipeline(epoch), epochs=1)
 
     def _check_open(self):
         if self._closed:

@@ -22,8 +22,7 @@ import os
 import queue
 import random
 import signal
-import sys
-import threading
+import time
 import traceback
 import weakref
 
@@ -191,7 +190,7 @@ class _Failure:
         raise exc
 
 
-def _worker_loop(program, tasks, results, worker_id, num_workers, base_seed, init_fn):
+def _worker_loop(program, tasks, results, current, worker_id, num_workers, base_seed, init_fn):
     global _worker_info
     import torch
 
@@ -217,6 +216,7 @@ def _worker_loop(program, tasks, results, worker_id, num_workers, base_seed, ini
         if task is None:
             return
         ident, payload, seed, where = task
+        current.value = ident  # what the trainer names if this process dies now
         try:
             _seed_globals(seed)
             out = program.run(payload)
@@ -252,12 +252,15 @@ class Pool:
         self.timeout = float(timeout or 0)
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(num_workers)]
+        # The task each worker is running (its ident), written by the worker as it starts one:
+        # a result the worker had put may die with it in its queue's feeder thread.
+        self._current = [ctx.RawValue("q", 0) for _ in range(num_workers)]
         base_seed = program.seed & 0x7FFFFFFF
         self._procs = []
         for w in range(num_workers):
             p = ctx.Process(target=_worker_loop, name=f"flowstate-worker-{w}",
-                            args=(program, self._tasks[w], self._results, w, num_workers,
-                                  base_seed, worker_init_fn),
+                            args=(program, self._tasks[w], self._results, self._current[w], w,
+                                  num_workers, base_seed, worker_init_fn),
                             daemon=True)
             p.start()
             self._procs.append(p)
@@ -283,32 +286,41 @@ class Pool:
         return len(self._running)
 
     def _dead(self):
-        for ident, (w, where) in sorted(self._running.items()):
-            p = self._procs[w]
-            if p.exitcode is not None:
-                return (f"flowstate worker {w} (pid {p.pid}) {_describe_exit(p.exitcode)} "
-                        f"while running {where}")
         for w, p in enumerate(self._procs):
-            if p.exitcode is not None:
-                return f"flowstate worker {w} (pid {p.pid}) {_describe_exit(p.exitcode)}"
+            if p.exitcode is None:
+                continue
+            running = self._running.get(self._current[w].value)
+            if running is not None and running[0] == w:
+                return (f"flowstate worker {w} (pid {p.pid}) {_describe_exit(p.exitcode)} "
+                        f"while running {running[1]}")
+            return f"flowstate worker {w} (pid {p.pid}) {_describe_exit(p.exitcode)}"
         return None
 
     def result(self, ident):
         """The result of task `ident` (waiting for it), or the worker's exception raised."""
-        import time
-
         if self._broken:
             raise Error(self._broken)
         start = time.monotonic()
         while ident not in self._done:
             try:
                 got, value = self._results.get(timeout=_POLL_S)
-            except queue.Empty:
+            except Exception as e:  # noqa: B902
+                # Empty, or a message a dying worker cut short (EOFError), or a tensor whose
+                # sender is gone (its shared-memory handle cannot be received): a dead worker
+                # is the error to report.
                 dead = self._dead()
+                if not dead and not isinstance(e, queue.Empty):
+                    # A broken message is a worker's death seen before it can be reaped.
+                    until = time.monotonic() + 2.0
+                    while not dead and time.monotonic() < until:
+                        time.sleep(0.02)
+                        dead = self._dead()
                 if dead:
                     self._broken = dead
                     self.close()
                     raise Error(dead) from None
+                if not isinstance(e, queue.Empty):
+                    raise
                 if self.timeout and time.monotonic() - start > self.timeout:
                     w, where = self._running.get(ident, (None, "a batch"))
                     raise Error(f"flowstate: no batch from worker {w} within timeout="

@@ -248,8 +248,15 @@ def test_a_state_of_another_dataset_or_seed_is_refused():
         flowstate.DataLoader(Squares(), batch_size=8, shuffle=True, seed=2).load_state_dict(sd)
     with pytest.raises(flowstate.CheckpointError, match="dataset"):
         flowstate.DataLoader(Squares(50), batch_size=8, shuffle=True, seed=1).load_state_dict(sd)
-    with pytest.raises(flowstate.CheckpointError, match="batch.size"):
+    with pytest.raises(flowstate.CheckpointError, match="batch_size=8 \\(now 4\\)"):
         flowstate.DataLoader(Squares(), batch_size=4, shuffle=True, seed=1).load_state_dict(sd)
+    # Also a state at an epoch's end, which holds no plan state.
+    e = flowstate.DataLoader(Squares(), batch_size=8, shuffle=True, seed=1)
+    list(e)
+    assert e.state_dict()["state"] is None and e.state_dict()["epoch"] == 1
+    with pytest.raises(flowstate.CheckpointError, match="drop_last=False \\(now True\\)"):
+        flowstate.DataLoader(Squares(), batch_size=8, shuffle=True, seed=1,
+                             drop_last=True).load_state_dict(e.state_dict())
     # A drawn seed is the saved one after the load.
     c = flowstate.DataLoader(Squares(), batch_size=8, shuffle=True)
     c.load_state_dict(sd)

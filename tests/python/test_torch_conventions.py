@@ -2,7 +2,6 @@
 set_epoch; dtypes torch 1.13 lacks; user frames in tracebacks; lifetimes at interpreter exit;
 close(); worker processes for Python sources; the no-shard warning."""
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap
