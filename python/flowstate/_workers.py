@@ -12,8 +12,8 @@ pickled). Tasks are handed out in order and their results taken in order, so the
 the same for any number of workers, and the state of a batch is the plan's state when it was
 planned -- a state saved with 4 workers restores with 0 or 8.
 
-Each task runs with Python's, numpy's and torch's global random generators seeded from the
-pipeline's seed, the epoch and the step (and, in the calling process, put back afterwards):
+Each task runs with Python's, numpy's and torch's (CPU) global random generators seeded from
+the pipeline's seed, the epoch and the step (and, in the calling process, put back afterwards):
 augmentations drawn from them are the same whichever worker runs the task, and after a resume.
 """
 
@@ -124,7 +124,10 @@ def _seed_globals(s):
 
     random.seed(s)
     np.random.seed(s & 0xFFFFFFFF)
-    torch.manual_seed(s)
+    # The CPU generator only: torch.manual_seed would also queue a CUDA seeding, whose lazy
+    # call records a formatted stack (~100 us a batch), and the trainer's CUDA stream of
+    # random numbers is not the task's business.
+    torch.default_generator.manual_seed(s)
 
 
 class _SavedGlobals:
@@ -197,6 +200,11 @@ def _worker_loop(program, tasks, results, current, worker_id, num_workers, base_
     # The trainer handles Ctrl-C; a worker ends when it is told to, or when the trainer dies.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    # A result's tensors go to shared memory named by file (torch_shm_manager removes what
+    # a dead process leaves), not by a file descriptor that the trainer would have to fetch
+    # from this process's sharer thread -- which waits for this process's GIL, held by the
+    # user's Python code for up to a switch interval (5 ms) at a time.
+    torch.multiprocessing.set_sharing_strategy("file_system")
     _worker_info = WorkerInfo(worker_id, num_workers, base_seed + worker_id, program.dataset)
     _seed_globals(base_seed + worker_id)
     parent = os.getppid()
@@ -207,12 +215,11 @@ def _worker_loop(program, tasks, results, current, worker_id, num_workers, base_
             results.put((None, _Failure(e, worker_id, os.getpid(), "in worker_init_fn")))
             return
     while True:
-        try:
-            task = tasks.get(timeout=1.0)
-        except queue.Empty:
+        if not tasks._reader.poll(1.0):
             if os.getppid() != parent:  # the trainer is gone
                 return
             continue
+        task = tasks.get()
         if task is None:
             return
         ident, payload, seed, where = task
@@ -250,8 +257,14 @@ class Pool:
         ctx = mp.get_context("fork")
         self.num_workers = num_workers
         self.timeout = float(timeout or 0)
-        self._results = ctx.Queue()
-        self._tasks = [ctx.Queue() for _ in range(num_workers)]
+        # Results too are written by the worker's own thread, right when the task ends (a
+        # Queue's feeder thread would wait for the worker's GIL, which its next task holds for
+        # a switch interval at a time). A worker killed while writing leaves the others
+        # blocked on the lock: its death is found and the pool closed all the same.
+        self._results = ctx.SimpleQueue()
+        # Tasks are written by the trainer's own thread (SimpleQueue: no feeder thread, which
+        # would have to win the trainer's GIL before a worker sees its next task).
+        self._tasks = [ctx.SimpleQueue() for _ in range(num_workers)]
         # The task each worker is running (its ident), written by the worker as it starts one:
         # a result the worker had put may die with it in its queue's feeder thread.
         self._current = [ctx.RawValue("q", 0) for _ in range(num_workers)]
@@ -303,7 +316,9 @@ class Pool:
         start = time.monotonic()
         while ident not in self._done:
             try:
-                got, value = self._results.get(timeout=_POLL_S)
+                if not self._results._reader.poll(_POLL_S):
+                    raise queue.Empty
+                got, value = self._results.get()
             except Exception as e:  # noqa: B902
                 # Empty, or a message a dying worker cut short (EOFError), or a tensor whose
                 # sender is gone (its shared-memory handle cannot be received): a dead worker
@@ -354,7 +369,6 @@ class Pool:
                 p.kill()
                 p.join(timeout=2.0)
         for q in self._tasks + [self._results]:
-            q.cancel_join_thread()
             q.close()
         self._running.clear()
         self._done.clear()
