@@ -42,7 +42,7 @@ CheckpointError = _C.CheckpointError
 __all__ = [
     "Error", "ConfigError", "DataError", "CheckpointError", "schema", "Pipeline", "Builder",
     "Loader", "Batch", "BatchInfo", "GradientAccumulator", "from_sequence", "from_iterable",
-    "default_collate",
+    "default_collate", "describe_state",
 ]
 
 #: Version of the dict state_dict() returns.
@@ -93,7 +93,16 @@ def _map_tensors(value, fn):
 # ---- pipelines ----
 
 def _yaml_value(v):
-    # JSON is YAML: a value written as JSON reads back as the same value.
+    # JSON is YAML: a value written as JSON reads back as the same value. `auto` (workers,
+    # prefetch depth) is written plain, as YAML users write it: a quoted "auto" is a string
+    # that a count refuses, and a string parameter reads both the same.
+    if isinstance(v, str) and v == "auto":
+        return "auto"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_yaml_value(x)}"
+                               for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(x) for x in v) + "]"
     return json.dumps(v)
 
 
