@@ -593,11 +593,11 @@ class _Pending:
     """A planned batch whose Python task may still run: its info, its plan state, and the
     task's payload (or its result, once taken)."""
 
-    __slots__ = ("info", "state", "payload", "ident", "value", "ready", "submitted")
+    __slots__ = ("info", "state", "payload", "ident", "value", "submitted")
 
     def __init__(self, info, state, payload, ident):
         self.info, self.state, self.payload, self.ident = info, state, payload, ident
-        self.value, self.ready, self.submitted = None, False, False
+        self.value, self.submitted = None, False
 
 
 class Loader:
@@ -752,7 +752,6 @@ class Loader:
                 fields = (dict(value) if isinstance(value, Mapping)
                           else {self.pipeline._value_name: value})
             b.value = Batch(info, fields, value, producers, fence)
-            b.ready = True
             return b
         payload = value.tolist() if self._plan.indices else value
         self._ident += 1
