@@ -200,9 +200,10 @@ class DataLoader:
 
     def _pipeline(self, epoch):
         if self._iterable:
+            # Not sized by its __len__: torch takes that for an estimate (it warns when an
+            # epoch yields more), and a size would make a shorter epoch an error.
             ds = self.dataset
-            size = len(ds) if hasattr(ds, "__len__") else None
-            b = from_iterable(lambda: ds, name=self._name, collate=self._collate(), size=size)
+            b = from_iterable(lambda: ds, name=self._name, collate=self._collate())
         else:
             b = from_sequence(self.dataset, name=self._name, collate=self._collate())
         b.seed(_epoch_seed(self.seed, epoch))
@@ -278,7 +279,15 @@ class DataLoader:
         """Batches per epoch for this rank (TypeError for an iterable of unknown length)."""
         self._check_open()
         if self._len is None:
-            self._len = len(Loader(self._pipeline(0), epochs=1))
+            if self._iterable:
+                # Not by planning a batch: that would iterate the user's dataset once.
+                if not hasattr(self.dataset, "__len__"):
+                    raise TypeError("len() of a DataLoader over an IterableDataset without "
+                                    "__len__")
+                n, bs = len(self.dataset), self.batch_size or 1
+                self._len = n // bs if self.drop_last else -(-n // bs)
+            else:
+                self._len = len(Loader(self._pipeline(0), epochs=1))
         return self._len
 
     # -- state --

@@ -221,6 +221,14 @@ class Stream(tud.IterableDataset):
 
 
 def test_iterable_dataset_through_workers_and_unbatched():
+    class Sized(Stream):
+        def __len__(self):
+            return self.n
+
+    assert len(flowstate.DataLoader(Sized(), batch_size=4)) == 8
+    assert len(flowstate.DataLoader(Sized(), batch_size=4, drop_last=True)) == 7
+    with pytest.raises(TypeError, match="without __len__"):
+        len(flowstate.DataLoader(Stream(), batch_size=4))
     plain = [b["v"].flatten().tolist() for b in flowstate.DataLoader(Stream(), batch_size=4)]
     assert plain[0] == [0, 1, 2, 3] and plain[-1] == [28, 29]
     par = [b["v"].flatten().tolist() for b in flowstate.DataLoader(Stream(), batch_size=4,
