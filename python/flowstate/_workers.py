@@ -113,10 +113,22 @@ class Program:
         return self._call("collate", self.collate, items)
 
 
+_M64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix(x):
+    """splitmix64's finalizer: a bijection of 64-bit ints that spreads every input bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _M64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _M64
+    return x ^ (x >> 31)
+
+
 def task_seed(seed, epoch, step):
-    """The seed of the global generators for the task of (epoch, step): 63 bits."""
-    h = np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, epoch, step]).generate_state(2, np.uint32)
-    return (int(h[0]) << 31) ^ int(h[1])
+    """The seed of the global generators for the task of (epoch, step): 63 bits, a hash of the
+    three (a few integer operations: numpy's SeedSequence took ~190 us a batch)."""
+    h = _mix((seed & _M64) ^ 0x9E3779B97F4A7C15)
+    h = _mix(h ^ (epoch & _M64))
+    return _mix(h ^ (step & _M64)) >> 1
 
 
 def _seed_globals(s):
