@@ -562,14 +562,14 @@ class _Plan:
         self.python = plan
 
 
-def _workers_option(workers, what="workers"):
+def _workers_option(workers):
     """`workers` as the native loader takes it: None, a count >= 1, or 0 for "auto"."""
     if workers is None:
         return None
     if workers == "auto":
         return 0
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"{what}={workers!r}: threads assembling batches: 1, 2, ... or "
+        raise ConfigError(f"workers={workers!r}: threads assembling batches: 1, 2, ... or "
                           "\"auto\" (tuned while running). For the Python parts of a Python "
                           "source, num_workers=N runs N worker processes (0: the calling "
                           "process)")

@@ -269,3 +269,27 @@ def test_a_state_of_another_dataset_or_seed_is_refused():
     c = flowstate.DataLoader(Squares(), batch_size=8, shuffle=True)
     c.load_state_dict(sd)
     assert c.seed == 1
+
+
+def test_timeout_pin_memory_and_the_options_that_need_workers():
+    import time
+
+    class Slow(Squares):
+        def __getitem__(self, i):
+            time.sleep(5)
+            return super().__getitem__(i)
+
+    loader = flowstate.DataLoader(Slow(4), batch_size=2, num_workers=1, timeout=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(flowstate.Error, match=r"no batch from worker 0 within timeout=0.5 s "
+                                              r"\(it is running step 0 \(epoch 0, items \[0, 1\]\)\)"):
+        next(iter(loader))
+    assert time.monotonic() - t0 < 4
+    loader.close()
+    if not torch.cuda.is_available():
+        with pytest.warns(UserWarning, match="pin_memory=True, but no CUDA device"):
+            next(iter(flowstate.DataLoader(Squares(4), batch_size=2, pin_memory=True)))
+    with pytest.raises(flowstate.ConfigError, match="prefetch_factor"):
+        next(iter(flowstate.DataLoader(Squares(4), batch_size=2, prefetch_factor=4)))
+    with pytest.raises(flowstate.ConfigError, match="multiprocessing_context='spawn'"):
+        flowstate.DataLoader(Squares(4), multiprocessing_context="spawn")
