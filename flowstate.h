@@ -18,6 +18,7 @@
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/pipeline.h"
 #include "flowstate/graph/verify.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/options.h"
 #include "flowstate/nodes/sources/iterable.h"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "flowstate/core/rng.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/mapped_file.h"
 
 namespace flowstate::bench {

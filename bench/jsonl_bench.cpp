@@ -10,6 +10,7 @@
 #include <string>
 
 #include "flowstate/core/rng.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/lines.h"
 
 namespace flowstate {

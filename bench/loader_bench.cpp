@@ -8,6 +8,7 @@
 
 #include "bench/bench_data.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 
 namespace flowstate::bench {
 namespace {

@@ -22,6 +22,7 @@
 
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/spine.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/indexed.h"
 
 using nlohmann::json;

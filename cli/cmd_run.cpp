@@ -19,7 +19,6 @@
 #include "flowstate/core/hash.h"
 #include "flowstate/core/launcher.h"
 #include "flowstate/graph/loader.h"
-#include "flowstate/nodes/batch.h"
 #include "flowstate/nodes/sources/mapped_file.h"
 #ifdef FLOWSTATE_HAVE_MPI
 #include "flowstate/mpi/mpi_coordinator.h"
@@ -339,14 +338,7 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
   const LaunchEnv env = launch_env("flowstate run");
   const std::uint64_t rank = coordinator ? coordinator->rank() : env.rank.value_or(0);
   const std::uint64_t world = coordinator ? coordinator->world() : env.world.value_or(1);
-  for (const auto& n : config.pipeline.nodes()) {
-    const auto* shard = n.options_as<ShardOptions>();
-    if (shard != nullptr && (*shard->world != world || *shard->rank != rank))
-      throw ConfigError(n.name, "'" + n.name + "' is rank " + std::to_string(*shard->rank) +
-                                    " of " + std::to_string(*shard->world) +
-                                    ", but the launcher started rank " + std::to_string(rank) +
-                                    " of " + std::to_string(world));
-  }
+  config.pipeline.check_launch(rank, world);
 
   std::string ckpt_dir = config.checkpoint ? config.checkpoint->dir : "";
   if (auto d = args.value("--checkpoint-dir")) ckpt_dir = *d;

@@ -7,7 +7,6 @@
 
 #include "flowstate/config/yaml_support.h"
 #include "flowstate/core/error.h"
-#include "flowstate/nodes/device_copy.h"
 #include "flowstate/serialization/checkpoint.h"
 
 namespace flowstate::cli {
@@ -115,17 +114,11 @@ PipelineConfig load_pipeline_on_host(const std::string& path, std::vector<std::s
                                      bool* moved) {
   PipelineConfig config = load_pipeline(path, sets);
   if (moved != nullptr) *moved = false;
-  if (!cuda_compiled()) return config;  // device_copy hands out host memory anyway
-  const auto& nodes = config.pipeline.nodes();
-  for (std::size_t i = 1; i < nodes.size(); ++i) {
-    const auto* copy = nodes[i].options_as<DeviceCopyOptions>();
-    if (copy == nullptr || copy->device == "cpu") continue;
-    // nodes()[0] is the source; YAML's nodes[] starts after it.
-    sets.push_back("nodes[" + std::to_string(i - 1) + "].device_copy.device=cpu");
-    if (moved != nullptr) *moved = true;
-    return load_pipeline(path, sets);
-  }
-  return config;
+  const std::vector<std::string> host = config.pipeline.host_overrides();
+  if (host.empty()) return config;
+  if (moved != nullptr) *moved = true;
+  sets.insert(sets.end(), host.begin(), host.end());
+  return load_pipeline(path, sets);
 }
 
 std::vector<std::string> invalid_checkpoints(const std::string& dir) {

@@ -3,9 +3,49 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "flowstate/config/transforms.h"
+#include "flowstate/config/yaml.h"
 #include "flowstate/core/error.h"
 
 namespace flowstate {
+namespace {
+
+/// A node's YAML form's view of the loader: the caller's registries and the node's context.
+class FormContext final : public YamlContext {
+ public:
+  FormContext(const TransformRegistry& transforms, NodeContext* node = nullptr)
+      : transforms_(transforms), node_(node) {}
+
+  const Params& params() const override { return node().params; }
+  const std::filesystem::path& base_dir() const override { return node().base_dir; }
+  bool after_batch() const override { return node().after_batch; }
+  const TransformSchema* transform(const std::string& name) const override {
+    return transforms_.find(name);
+  }
+  std::vector<std::string> transform_names() const override { return transforms_.names(); }
+  std::vector<std::string> read_inputs(const std::vector<std::filesystem::path>& files) override {
+    for (const auto& f : files)
+      inputs_.push_back(from_yaml_file(
+          f.string(),
+          {.registry = node().registry, .transforms = &transforms_, .mix_input = true}));
+    return Pipeline::Builder::describe_inputs(inputs_);
+  }
+  void add(const NodeDef& def, std::any options) override {
+    node().builder.add(def, std::move(options), std::move(inputs_));
+    inputs_.clear();
+  }
+
+ private:
+  NodeContext& node() const {
+    if (node_ == nullptr) throw Error("a YAML form asked for its node outside of reading one");
+    return *node_;
+  }
+  const TransformRegistry& transforms_;
+  NodeContext* node_;
+  std::vector<Pipeline> inputs_;
+};
+
+}  // namespace
 
 // ---- Registry ----
 
@@ -52,7 +92,25 @@ void Registry::add(const NodeDef& def, std::string origin) {
   n.params = def.params;
   n.def = &def;
   n.origin = std::move(origin);
-  if (def.from_params) {
+  if (def.yaml) {
+    const YamlForm& form = *def.yaml;
+    if (!form.doc.empty()) n.doc = form.doc;
+    n.params = form.params;
+    n.dispatch = form.dispatch;
+    if (form.extra_params)
+      n.extra_params = [&form](const TransformRegistry& t, const std::string& v) {
+        return form.extra_params(FormContext(t), v);
+      };
+    if (form.dispatch_choices)
+      n.dispatch_choices = [&form](const TransformRegistry& t) {
+        return form.dispatch_choices(FormContext(t));
+      };
+    n.node_name = form.node_name;
+    n.add = [&form](NodeContext& ctx) {
+      FormContext c(ctx.transforms, &ctx);
+      form.read(c);
+    };
+  } else if (def.from_params) {
     n.add = [&def](NodeContext& ctx) {
       ctx.builder.add(def, def.from_params(ctx.params, ctx.base_dir));
     };

@@ -1,8 +1,8 @@
 // The registry: every node type a YAML pipeline may name ("records", "shuffle", "take"), as
 // YAML and `flowstate schema` see it. A node type is its definition (nodes/definition.h):
-// schema, checks and YAML reading all derive from its options table. Only where a node's YAML
-// form names things config alone knows — map's transform, filter's named predicate, mix's
-// input files — does an entry here add its own parameters and build function.
+// schema, checks and YAML reading all derive from its options table, or from its own YAML form
+// (NodeDef::yaml: map's transform, filter's named predicate, mix's input files). A program may
+// also register a YAML-only entry (NodeSchema with its own `add`).
 // Registration is explicit: register_builtin_nodes() adds the built-in nodes; a program adds
 // its own with Registry::add(definition), and a plugin library does the same from its
 // `flowstate_register_plugin` (config/plugins.h).
@@ -41,6 +41,8 @@ struct NodeContext {
   const TransformRegistry& transforms;
   /// True when a `batch` node comes before this one (a map then works on whole batches).
   bool after_batch = false;
+  /// The caller's node registry: a mix's inputs are read with it (null: Registry::global()).
+  const class Registry* registry = nullptr;
 };
 
 /// A registered node type.

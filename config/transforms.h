@@ -28,25 +28,11 @@
 #include <vector>
 
 #include "flowstate/core/error.h"
-#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/assembly.h"
 #include "flowstate/nodes/params.h"
+#include "flowstate/nodes/transform.h"
 
 namespace flowstate {
-
-/// A registered map transform.
-struct TransformSchema {
-  std::string name;  ///< the `fn` value
-  std::string doc;   ///< one line
-  /// Its parameters (besides the map's own `fn` and `workers`).
-  std::vector<ParamSchema> params;
-  /// Makes the per-sample function from validated parameters. May throw ConfigError. The
-  /// function may throw ConfigError (the configuration does not fit the data, e.g. a shape
-  /// that does not match the record size) or DataError.
-  std::function<SampleFn(const Params&)> make_sample;
-  /// Makes the per-batch function (fields are [B, ...]); empty when the transform only works
-  /// on single samples.
-  std::function<BatchFn(const Params&)> make_batch;
-};
 
 /// Transforms by name, in registration order. Safe to read from many threads once built.
 class TransformRegistry {

@@ -361,7 +361,6 @@ class YamlLoader {
                std::to_string(kMaxNodes) + " are allowed");
     if (has_nodes)
       for (std::size_t i = 0; i < nodes.size(); ++i) entries.push_back(node_entry(nodes[i], i));
-    check_structure(entries, nodes);
 
     PipelineConfig config;
     config.origin = origin_;
@@ -377,7 +376,7 @@ class YamlLoader {
       cc.keep = static_cast<std::size_t>(c.uint("keep"));
       config.checkpoint = cc;
     }
-    config.pipeline = build(entries, top);
+    config.pipeline = build(entries, top, nodes);
     return config;
   }
 
@@ -459,32 +458,8 @@ class YamlLoader {
     return e;
   }
 
-  /// The pipeline-wide rules the builder checks too, reported at the node that breaks them.
-  void check_structure(const std::vector<NodeEntry>& entries, const YAML::Node& nodes) const {
-    const NodeEntry* batch = nullptr;
-    const NodeEntry* copy = nullptr;
-    for (std::size_t i = 1; i < entries.size(); ++i) {
-      const NodeEntry& e = entries[i];
-      if (e.schema->type == "batch") {
-        if (batch != nullptr)
-          fail(e.at, e.key,
-               "a pipeline has exactly one batch node, and " + batch->list_key + " is one");
-        batch = &e;
-      }
-      if (e.schema->type == "device_copy") {
-        if (copy != nullptr)
-          fail(e.at, e.key,
-               "a pipeline has at most one device_copy, and " + copy->list_key + " is one");
-        copy = &e;
-        if (i + 1 != entries.size()) fail(e.at, e.key, "device_copy must be the last node");
-      }
-    }
-    if (batch == nullptr && !options_.mix_input)
-      fail(nodes.size() > 0 ? nodes : nodes_key_, "nodes",
-           "a pipeline needs a batch node (e.g. '- batch: {size: 256}')");
-  }
-
-  Pipeline build(const std::vector<NodeEntry>& entries, const Params& top) const {
+  Pipeline build(const std::vector<NodeEntry>& entries, const Params& top,
+                 const YAML::Node& nodes) const {
     Pipeline::Builder b;
     b.seed(top.uint("seed"));
     b.workers(static_cast<int>(top.uint("workers")));
@@ -492,7 +467,7 @@ class YamlLoader {
     // the same names here place its errors, which name nodes, at their entries.
     bool after_batch = false;
     for (const NodeEntry& e : entries) {
-      NodeContext ctx{b, e.params, base_dir_, transforms_, after_batch};
+      NodeContext ctx{b, e.params, base_dir_, transforms_, after_batch, &registry_};
       if (!e.schema->add)
         fail(e.at, e.key,
              "'" + e.schema->type +
@@ -503,17 +478,29 @@ class YamlLoader {
       } catch (const ConfigError& err) {
         rethrow_at(e, err);
       }
-      after_batch = after_batch || e.schema->type == "batch";
+      after_batch =
+          after_batch || (!b.nodes().empty() && b.nodes().back().phase() == Phase::kBatch);
     }
+    // The builder's placement rules (every node's Placement, one batch node), worded with the
+    // entries' keys.
+    PlacementWords words;
+    words.node = [&](std::size_t i) { return i < entries.size() ? entries[i].list_key : ""; };
+    words.missing_batch = [this] {
+      std::string example;
+      for (const auto& n : registry_.nodes())
+        if (n.def != nullptr && n.def->phase == Phase::kBatch && !n.def->yaml_example.empty())
+          example = n.def->yaml_example;
+      return "a pipeline needs a batch node" + (example.empty() ? "" : " (e.g. '" + example + "')");
+    };
     try {
-      return options_.mix_input ? b.build_input() : b.build();
+      return options_.mix_input ? b.build_input(words) : b.build(words);
     } catch (const ConfigError& err) {
       // The builder names nodes (by type, or a map by its transform, unique with "#k"): its
-      // nodes are the entries, in order.
+      // nodes are the entries, in order. A rule about the whole pipeline is placed at its nodes.
       const auto& built = b.nodes();
       for (std::size_t i = 0; i < built.size() && i < entries.size(); ++i)
         if (built[i].name == err.key()) fail(entries[i].at, entries[i].key, err.what());
-      fail(nodes_key_, "nodes", err.what());
+      fail(nodes.IsSequence() && nodes.size() > 0 ? nodes : nodes_key_, "nodes", err.what());
     }
   }
 

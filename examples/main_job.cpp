@@ -22,6 +22,7 @@
 #include "flowstate/core/hash.h"
 #include "flowstate/core/rng.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 
 namespace fs = std::filesystem;
 using namespace flowstate;

@@ -18,6 +18,7 @@
 #include "flowstate/config/yaml.h"
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/index_cache.h"
 #include "flowstate/nodes/sources/indexed.h"
 #include "flowstate/nodes/sources/lines.h"

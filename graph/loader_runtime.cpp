@@ -169,24 +169,28 @@ std::shared_ptr<Batch> Loader::Runtime::assemble_one(BatchPlan plan) {
   return batch;
 }
 
-void Loader::Runtime::copy_to_device(ItemMsg& out) {
+void Loader::Runtime::run_deliver_stages(ItemMsg& out) {
+  const Deliver* current = nullptr;
   try {
-    const std::int64_t c0 = stats_now_ns();
-    const auto step = static_cast<std::int64_t>(out.batch->info.step);
-    const auto epoch = static_cast<std::int64_t>(out.batch->info.epoch);
-    const std::uint64_t samples = out.batch->info.num_samples;
-    out.batch = std::make_shared<Batch>(device_->copy(std::move(*out.batch)));
-    const std::int64_t c1 = stats_now_ns();
-    if (device_node_ != nullptr) {
-      std::uint64_t bytes = 0;
-      for (const auto& [id, t] : out.batch->fields) bytes += t.nbytes();
-      device_node_->add(NodeStage::kDeliver, static_cast<std::uint64_t>(c1 - c0), samples, bytes);
-      if (tracer_ != nullptr)
-        tracer_->span(Tracer::kDeliver, device_node_->trace_id, c0, c1, step, epoch);
+    for (const Deliver& d : deliver_) {
+      current = &d;
+      const std::int64_t c0 = stats_now_ns();
+      const auto step = static_cast<std::int64_t>(out.batch->info.step);
+      const auto epoch = static_cast<std::int64_t>(out.batch->info.epoch);
+      const std::uint64_t samples = out.batch->info.num_samples;
+      out.batch = std::make_shared<Batch>(d.stage->deliver(std::move(*out.batch)));
+      const std::int64_t c1 = stats_now_ns();
+      if (d.counters != nullptr) {
+        std::uint64_t bytes = 0;
+        for (const auto& [id, t] : out.batch->fields) bytes += t.nbytes();
+        d.counters->add(NodeStage::kDeliver, static_cast<std::uint64_t>(c1 - c0), samples, bytes);
+        if (tracer_ != nullptr)
+          tracer_->span(Tracer::kDeliver, d.counters->trace_id, c0, c1, step, epoch);
+      }
     }
   } catch (...) {
     try {
-      rethrow_with_node(std::current_exception(), "device_copy");
+      rethrow_with_node(std::current_exception(), current != nullptr ? current->name : "");
     } catch (...) {
       out.error = std::current_exception();
       out.batch.reset();

@@ -70,8 +70,12 @@ class Loader::Runtime {
           static_cast<std::int64_t>(std::max(options.autotune_interval_s, 1e-3) * 1e9);
     }
     const SinkConfig& sink = spine_.sink();
-    if (sink.device) device_ = std::make_unique<DeviceCopy>(*sink.device);
-    auto pool = device_ ? device_->staging_pool() : BufferPool::host();
+    std::shared_ptr<BufferPool> pool;
+    for (const auto& [name, stage] : sink.deliver) {
+      deliver_.push_back({name, stage, nullptr});
+      if (!pool) pool = stage->staging_pool();
+    }
+    if (!pool) pool = BufferPool::host();
     assembler_ = std::make_unique<BatchAssembler>(
         spine_.store(), spine_.source_name(), spine_.planner().options(), spine_.sample_stages(),
         sink.batch_stages, std::move(pool));
@@ -94,7 +98,7 @@ class Loader::Runtime {
     if (!assembly_nodes_.empty() && assembly_nodes_[0] != nullptr &&
         phase_of(spine_.source_name()) == Phase::kSource)
       assembly_nodes_[0]->stage = NodeStage::kAssemble;
-    if (device_) device_node_ = counters_of(sink.device_name);
+    for (auto& d : deliver_) d.counters = counters_of(d.name);
     if (tracer_ != nullptr) {
       for (auto& n : stats_.nodes()) n.trace_id = tracer_->intern(n.name);
       in_flight_name_ = tracer_->intern("batches in flight");
@@ -386,7 +390,7 @@ class Loader::Runtime {
     for (ItemMsg& out : *g.items) {
       if (!out.batch) continue;
       ++batches;
-      if (device_ && !stopping_.load()) copy_to_device(out);
+      if (!deliver_.empty() && !stopping_.load()) run_deliver_stages(out);
     }
     {
       std::lock_guard lock(mu_);
@@ -398,7 +402,8 @@ class Loader::Runtime {
     deliver_items_ += batches;
   }
 
-  void copy_to_device(ItemMsg& out);
+  /// Runs the deliver stages on a batch in order (an error names the stage's node).
+  void run_deliver_stages(ItemMsg& out);
 
   Tracer* tracer_;
   NodeStatsTable stats_;  // before spine_: it owns the timers between the spine's nodes
@@ -415,10 +420,15 @@ class Loader::Runtime {
   std::optional<Autotuner> tuner_;
   std::int64_t tune_interval_ns_ = 0, tune_last_ns_ = 0;
   std::uint64_t tune_work_ns_ = 0, tune_spine_ns_ = 0, tune_wait_ns_ = 0, tune_taken_ = 0;
-  std::unique_ptr<DeviceCopy> device_;
+  /// The deliver stages (device_copy, ...), in order, with their nodes' counters.
+  struct Deliver {
+    std::string name;
+    std::shared_ptr<DeliverStage> stage;
+    NodeCounters* counters = nullptr;
+  };
+  std::vector<Deliver> deliver_;
   std::unique_ptr<BatchAssembler> assembler_;
   std::vector<NodeCounters*> assembly_nodes_;  ///< per AssemblyTimes stage (null: not counted)
-  NodeCounters* device_node_ = nullptr;
   std::uint16_t in_flight_name_ = 0, consumer_wait_name_ = 0;
 
   ParallelismLease lease_;

@@ -78,19 +78,22 @@ std::string Pipeline::Builder::unique_name(const std::string& base) {
 
 Pipeline::Builder& Pipeline::Builder::add(const NodeDef& def, std::any options,
                                           std::vector<Pipeline> inputs) {
-  if (&def == &shard_node()) {
-    // After batch, a shard cuts global batches (the elastic layout): see nodes/shard.h.
-    auto& shard = std::any_cast<ShardOptions&>(options);
-    shard.after_batch = std::any_of(p_.nodes_.begin(), p_.nodes_.end(),
-                                    [](const NodeSpec& s) { return s.phase() == Phase::kBatch; });
-  }
-  if (def.resolve) options = def.resolve(options);
+  const Position where{
+      .after_batch = std::any_of(p_.nodes_.begin(), p_.nodes_.end(),
+                                 [](const NodeSpec& s) { return s.phase() == Phase::kBatch; })};
+  if (def.resolve) options = def.resolve(options, where);
   NodeSpec n;
   n.name = unique_name(def.base_name ? def.base_name(options) : def.type);
   if (def.validate) def.validate(options, n.name);
   n.def = &def;
   n.description = def.describe(options);
   if (def.workers) n.workers = def.workers(options);
+  if (def.place) {
+    std::tie(n.node_phase, n.placement) = def.place(options);
+  } else {
+    n.node_phase = def.phase;
+    n.placement = def.placement;
+  }
   if (!inputs.empty()) n.inputs = std::make_shared<const std::vector<Pipeline>>(std::move(inputs));
   if (def.warnings)
     for (auto& w : def.warnings(options)) p_.warnings_.push_back(n.name + ": " + std::move(w));
@@ -111,31 +114,14 @@ Pipeline::Builder& Pipeline::Builder::source(SourceSpec spec) {
   return *this;
 }
 
-Pipeline::Builder& Pipeline::Builder::mix(std::vector<Pipeline> inputs, MixOptions options) {
-  options.inputs.clear();
+std::vector<std::string> Pipeline::Builder::describe_inputs(const std::vector<Pipeline>& inputs) {
+  std::vector<std::string> out;
   for (const auto& in : inputs) {
     std::string d;
     for (const auto& [k, v] : in.canonical()) d += (d.empty() ? "" : "; ") + k + "=" + v;
-    options.inputs.push_back("{" + d + "}");
+    out.push_back("{" + d + "}");
   }
-  return add(mix_node(), std::move(options), std::move(inputs));
-}
-
-Pipeline::Builder& Pipeline::Builder::map(SampleFn fn, MapOptions options) {
-  options.fn = std::move(fn);
-  options.batch_fn = nullptr;
-  return add(map_node(), std::move(options));
-}
-
-Pipeline::Builder& Pipeline::Builder::map_batch(BatchFn fn, MapOptions options) {
-  options.batch_fn = std::move(fn);
-  options.fn = nullptr;
-  return add(batch_map_node(), std::move(options));
-}
-
-Pipeline::Builder& Pipeline::Builder::filter(FilterFn fn, FilterOptions options) {
-  options.fn = std::move(fn);
-  return add(filter_node(), std::move(options));
+  return out;
 }
 
 void Pipeline::Builder::check_order() const {
@@ -148,12 +134,13 @@ void Pipeline::Builder::check_order() const {
     const NodeSpec& n = nodes[i];
     const Phase ph = n.phase();
     sources += ph == Phase::kSource;
-    if (const auto* shard = n.options_as<ShardOptions>(); shard && shard->after_batch) {
-      // The elastic layout: the shard cuts what batch makes, before any batch map.
+    if (n.placement.directly_after_batch) {
       if (nodes[i - 1].phase() != Phase::kBatch)
-        throw ConfigError(n.name, "'" + n.name +
-                                      "' after batch must follow it directly (it cuts each "
-                                      "global batch into world slices)");
+        throw ConfigError(
+            n.name, "'" + n.name + "' after batch must follow it directly" +
+                        (n.placement.why.empty() ? std::string()
+                                                 : " (" + std::string(n.placement.why) + ")"));
+      last = ph;
       continue;
     }
     if (ph < last) {
@@ -169,49 +156,58 @@ void Pipeline::Builder::check_order() const {
   if (sources != 1) throw ConfigError("source", "a pipeline has exactly one source");
 }
 
-Pipeline Pipeline::Builder::build() const {
-  check_order();
+void Pipeline::Builder::check_placement(const PlacementWords& words) const {
   const auto& nodes = p_.nodes_;
-  int batches = 0, copies = 0;
-  for (const auto& n : nodes) {
-    batches += n.phase() == Phase::kBatch;
-    copies += n.def == &device_copy_node();
+  const auto refer = [&](std::size_t i) {
+    return words.node ? words.node(i) : "'" + nodes[i].name + "'";
+  };
+  // The runtime plans batches with one node of Phase::kBatch; unique nodes by definition.
+  std::optional<std::size_t> batch;
+  std::vector<std::pair<const NodeDef*, std::size_t>> seen;  // definition, first index
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const NodeSpec& n = nodes[i];
+    if (n.phase() == Phase::kBatch) {
+      if (batch)
+        throw ConfigError(
+            n.name, "a pipeline has exactly one batch node, and " + refer(*batch) + " is one");
+      batch = i;
+    }
+    if (n.placement.unique) {
+      auto it =
+          std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == n.def; });
+      if (it != seen.end())
+        throw ConfigError(n.name, "a pipeline has at most one " + n.def->type + ", and " +
+                                      refer(it->second) + " is one");
+      seen.emplace_back(n.def, i);
+    }
+    if (n.placement.last && i + 1 != nodes.size())
+      throw ConfigError(n.name, n.def->type + " must be the last node");
   }
-  if (batches != 1) throw ConfigError("batch", "a pipeline needs exactly one batch node");
-  for (std::size_t i = 1; i < nodes.size(); ++i) {
-    const auto* shard = nodes[i].options_as<ShardOptions>();
-    if (shard == nullptr || !shard->after_batch) continue;
-    const auto& batch = *nodes[i - 1].options_as<BatchOptions>();
-    const std::string& name = nodes[i].name;
-    if (batch.size % *shard->world != 0)
-      throw ConfigError(name + ".world", "'" + name + "' after batch cuts each global batch of " +
-                                             std::to_string(batch.size) +
-                                             " samples into world slices, but world " +
-                                             std::to_string(*shard->world) + " does not divide " +
-                                             std::to_string(batch.size) + " (batch.size)");
-    if (shard->uneven == ShardUneven::kDrop && !batch.drop_last)
-      throw ConfigError(name + ".uneven",
-                        "'" + name +
-                            "' after batch with uneven: drop needs batch.drop_last: true (a "
-                            "short last global batch cannot be cut equally without repeating "
-                            "samples; use uneven: pad to repeat them)");
-  }
-  if (copies > 1) throw ConfigError("device_copy", "at most one device_copy");
-  if (copies == 1 && nodes.back().def != &device_copy_node())
-    throw ConfigError("device_copy", "device_copy must be the last node");
+  if (!batch && !words.mix_input)
+    throw ConfigError("batch", words.missing_batch ? words.missing_batch()
+                                                   : "a pipeline needs exactly one batch node");
+}
+
+void Pipeline::Builder::run_checks() const {
+  const auto& nodes = p_.nodes_;
+  for (std::size_t i = 0; i < nodes.size(); ++i)
+    if (nodes[i].def->check) nodes[i].def->check(nodes, i);
+}
+
+Pipeline Pipeline::Builder::build(const PlacementWords& words) const {
+  check_placement(words);
+  check_order();
+  run_checks();
   Pipeline p = p_;
   // Under a launcher of many ranks, a pipeline that splits nothing feeds every rank all the
-  // data: said once (a mix's inputs may hold the shard, so a mix is taken as splitting).
-  const bool splits = std::ranges::any_of(nodes, [](const auto& n) {
-    return n.template options_as<ShardOptions>() != nullptr || n.def == &mix_node();
-  });
+  // data: said once.
   std::optional<std::uint64_t> world;
   try {
     world = launch_env().world;
   } catch (const ConfigError&) {
     // A malformed variable is shard's (or `flowstate run`'s) error to report, not this hint's.
   }
-  if (!splits && world && *world > 1)
+  if (!p.splits_ranks() && world && *world > 1)
     p.warnings_.push_back("the launcher says world size " + std::to_string(*world) +
                           " but the pipeline has no shard node: every rank reads all the data "
                           "(add `shard: {}`, or flowstate.DataLoader shards by itself)");
@@ -219,20 +215,50 @@ Pipeline Pipeline::Builder::build() const {
   return p;
 }
 
-Pipeline Pipeline::Builder::build_input() const {
+Pipeline Pipeline::Builder::build_input(const PlacementWords& words) const {
   check_order();
   for (const auto& n : p_.nodes_) {
-    // An input's Refs reach the mix as its own: no node may replace them (pack, mix).
-    const bool keeps_refs = n.def != &pack_node() && n.def != &mix_node();
-    if ((n.phase() == Phase::kSource && n.def != &mix_node()) || (n.phase() == Phase::kSpine) ||
-        (n.phase() == Phase::kPerSample && keeps_refs))
-      continue;
+    // An input's Refs reach the mix as its own: no node may replace them (pack, mix), and
+    // nothing from batch on belongs to an input.
+    if (n.placement.in_mix_input && n.phase() < Phase::kBatch) continue;
     throw ConfigError(n.name, "'" + n.name +
                                   "' cannot be part of a mix input: an input is a source with "
                                   "shard, shuffle, filter and per-sample maps");
   }
+  PlacementWords w = words;
+  w.mix_input = true;
+  check_placement(w);
+  run_checks();
   say_warnings(p_.warnings_);
   return p_;
+}
+
+bool Pipeline::splits_ranks() const {
+  return std::ranges::any_of(nodes_, [](const NodeSpec& n) {
+    if (n.def->splits_ranks) return true;
+    return n.inputs &&
+           std::ranges::any_of(*n.inputs, [](const Pipeline& in) { return in.splits_ranks(); });
+  });
+}
+
+void Pipeline::check_launch(std::uint64_t rank, std::uint64_t world) const {
+  for (const auto& n : nodes_) {
+    if (n.def->check_launch) n.def->check_launch(*n.options, n.name, rank, world);
+    if (n.inputs)
+      for (const auto& in : *n.inputs) in.check_launch(rank, world);
+  }
+}
+
+std::vector<std::string> Pipeline::host_overrides() const {
+  std::vector<std::string> out;
+  for (std::size_t i = 1; i < nodes_.size(); ++i) {
+    const NodeSpec& n = nodes_[i];
+    if (!n.def->on_host) continue;
+    // nodes()[0] is the source; YAML's nodes[] starts after it.
+    if (auto set = n.def->on_host(*n.options))
+      out.push_back("nodes[" + std::to_string(i - 1) + "]." + n.def->type + "." + *set);
+  }
+  return out;
 }
 
 }  // namespace flowstate

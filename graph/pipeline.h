@@ -2,7 +2,8 @@
 // options): a source (records, lines, tar, a C++ range via from_range, a mix of input
 // pipelines, or a node of your own), then nodes in phase order (nodes/definition.h: spine,
 // per-sample, batch, per-batch) — built with a fluent builder and run by a Loader. The same
-// Pipeline can start any number of Loaders.
+// Pipeline can start any number of Loaders. The builder enforces every node's Placement and
+// pipeline-wide check (NodeDef); it knows no node type.
 //
 //   Pipeline p = Pipeline::Builder()
 //                    .seed(1234)
@@ -25,42 +26,51 @@
 #include <unordered_map>
 #include <vector>
 
-#include "flowstate/nodes/batch.h"
 #include "flowstate/nodes/definition.h"
-#include "flowstate/nodes/device_copy.h"
-#include "flowstate/nodes/filter.h"
-#include "flowstate/nodes/map.h"
-#include "flowstate/nodes/mix.h"
 #include "flowstate/nodes/node.h"
-#include "flowstate/nodes/pack.h"
-#include "flowstate/nodes/prefetch.h"
-#include "flowstate/nodes/shard.h"
-#include "flowstate/nodes/shuffle.h"
-#include "flowstate/nodes/sources/lines.h"
-#include "flowstate/nodes/sources/records.h"
-#include "flowstate/nodes/sources/tar.h"
 #include "flowstate/serialization/pipeline_state.h"
 
 namespace flowstate {
 
 class Pipeline;
 
-/// One node of a pipeline description: its unique name, its definition and its options.
-struct NodeSpec {
-  std::string name;  ///< unique in the pipeline ("shuffle", "map", "map#2")
-  const NodeDef* def = nullptr;
-  std::shared_ptr<const std::any> options;  ///< of the definition's options type
-  NodeDescription description;              ///< def->describe(options)
-  std::optional<int> workers;               ///< the node's own worker count (a map's)
-  /// Input pipelines (a mix's), instantiated by the node's build through BuildContext.
-  std::shared_ptr<const std::vector<Pipeline>> inputs;
+// The built-in nodes' options and definitions, for the Builder's shorthands below. Their
+// headers (nodes/*.h, or all of them: <flowstate/nodes/builtin.h>) complete them where a
+// shorthand is used; the runtime itself knows no node type.
+struct RecordsOptions;
+struct LinesOptions;
+struct TarOptions;
+struct ShardOptions;
+struct ShuffleOptions;
+struct MixOptions;
+struct MapOptions;
+struct FilterOptions;
+struct PackOptions;
+struct PrefetchOptions;
+struct DeviceCopyOptions;
+const NodeDef& records_node();
+const NodeDef& lines_node();
+const NodeDef& tar_node();
+const NodeDef& shard_node();
+const NodeDef& shuffle_node();
+const NodeDef& mix_node();
+const NodeDef& map_node();
+const NodeDef& batch_map_node();
+const NodeDef& filter_node();
+const NodeDef& pack_node();
+const NodeDef& batch_node();
+const NodeDef& prefetch_node();
+const NodeDef& device_copy_node();
 
-  Phase phase() const { return def->phase; }
-  /// The options as `O`, or null when they are of another type.
-  template <class O>
-  const O* options_as() const {
-    return std::any_cast<O>(options.get());
-  }
+/// How placement errors word what they name, for a front end that names nodes its own way
+/// (YAML: "nodes[2]").
+struct PlacementWords {
+  /// How a message refers to node `i`; null: by its name in quotes ("'batch'").
+  std::function<std::string(std::size_t i)> node;
+  /// The message when the pipeline has no batch node; null: "a pipeline needs exactly one
+  /// batch node".
+  std::function<std::string()> missing_batch;
+  bool mix_input = false;  ///< set by build_input
 };
 
 /// An immutable, validated pipeline description.
@@ -77,6 +87,15 @@ class Pipeline {
   std::vector<CanonicalParam> canonical() const;
   /// Warnings the pipeline's nodes raised when it was built (also written to stderr once).
   const std::vector<std::string>& warnings() const { return warnings_; }
+  /// Throws ConfigError when a node does not fit the rank and world a launcher started (a
+  /// shard resolved for another rank); mix inputs included.
+  void check_launch(std::uint64_t rank, std::uint64_t world) const;
+  /// The `--set` overrides ("nodes[i].type.param=value") that make the pipeline hand out host
+  /// memory (NodeDef::on_host); empty when it does already.
+  std::vector<std::string> host_overrides() const;
+  /// True when a node divides the data between ranks (NodeDef::splits_ranks), here or in an
+  /// input.
+  bool splits_ranks() const;
   /// Hash of canonical(): what must match between a checkpoint and the pipeline restoring it.
   std::uint64_t fingerprint() const { return fingerprint_of(canonical()); }
   /// One line per node with every parameter (free ones marked), for `flowstate validate`.
@@ -104,45 +123,101 @@ class Pipeline::Builder {
   /// node's input pipelines (a mix's). The open node API: a user's own node goes in here.
   Builder& add(const NodeDef& def, std::any options, std::vector<Pipeline> inputs = {});
 
-  /// The `records` source.
-  Builder& records(RecordsOptions options) { return add(records_node(), std::move(options)); }
-  /// The `lines` source (text and JSON Lines).
-  Builder& lines(LinesOptions options) { return add(lines_node(), std::move(options)); }
-  /// The `tar` source (WebDataset-style shards).
-  Builder& tar(TarOptions options) { return add(tar_node(), std::move(options)); }
   /// Any source: `description` names its type and parameters for the fingerprint.
   Builder& source(NodeDescription description, SourceFactory factory);
   /// A source with its collate and warnings (see from_range()).
   Builder& source(SourceSpec spec);
-  Builder& shard(ShardOptions options = {}) { return add(shard_node(), options); }
-  Builder& shuffle(ShuffleOptions options = {}) { return add(shuffle_node(), options); }
+
+  // Shorthands for the built-in nodes: add(X_node(), options). Each is a template whose
+  // options type defaults to the node's, so `.shard({})` and `.batch({.size = 256})` read as
+  // before; the node's header must be included where one is used.
+
+  /// The `records` source.
+  template <class O = RecordsOptions>
+  Builder& records(O options) {
+    return add(records_node(), std::move(options));
+  }
+  /// The `lines` source (text and JSON Lines).
+  template <class O = LinesOptions>
+  Builder& lines(O options) {
+    return add(lines_node(), std::move(options));
+  }
+  /// The `tar` source (WebDataset-style shards).
+  template <class O = TarOptions>
+  Builder& tar(O options) {
+    return add(tar_node(), std::move(options));
+  }
+  template <class O = ShardOptions>
+  Builder& shard(O options = {}) {
+    return add(shard_node(), std::move(options));
+  }
+  template <class O = ShuffleOptions>
+  Builder& shuffle(O options = {}) {
+    return add(shuffle_node(), std::move(options));
+  }
   /// A source that samples from several input pipelines (built with build_input()).
-  Builder& mix(std::vector<Pipeline> inputs, MixOptions options);
+  template <class O = MixOptions>
+  Builder& mix(std::vector<Pipeline> inputs, O options) {
+    options.inputs = describe_inputs(inputs);
+    return add(mix_node(), std::move(options), std::move(inputs));
+  }
   /// A per-sample map (before batch).
-  Builder& map(SampleFn fn, MapOptions options = {});
+  template <class O = MapOptions>
+  Builder& map(SampleFn fn, O options = {}) {
+    options.fn = std::move(fn);
+    options.batch_fn = nullptr;
+    return add(map_node(), std::move(options));
+  }
   /// Drops the samples `fn` rejects (before batch; may follow maps).
-  Builder& filter(FilterFn fn, FilterOptions options = {});
+  template <class O = FilterOptions>
+  Builder& filter(FilterFn fn, O options = {}) {
+    options.fn = std::move(fn);
+    return add(filter_node(), std::move(options));
+  }
   /// Packs token sequences into fixed-length rows (before batch; may follow maps and filters).
-  Builder& pack(PackOptions options) { return add(pack_node(), std::move(options)); }
+  template <class O = PackOptions>
+  Builder& pack(O options) {
+    return add(pack_node(), std::move(options));
+  }
   /// A per-batch map (after batch).
-  Builder& map_batch(BatchFn fn, MapOptions options = {});
-  Builder& batch(BatchOptions options) { return add(batch_node(), std::move(options)); }
-  Builder& prefetch(PrefetchOptions options) { return add(prefetch_node(), options); }
-  Builder& device_copy(DeviceCopyOptions options = {}) {
+  template <class O = MapOptions>
+  Builder& map_batch(BatchFn fn, O options = {}) {
+    options.batch_fn = std::move(fn);
+    options.fn = nullptr;
+    return add(batch_map_node(), std::move(options));
+  }
+  template <class O = BatchOptions>
+  Builder& batch(O options) {
+    return add(batch_node(), std::move(options));
+  }
+  template <class O = PrefetchOptions>
+  Builder& prefetch(O options) {
+    return add(prefetch_node(), std::move(options));
+  }
+  template <class O = DeviceCopyOptions>
+  Builder& device_copy(O options = {}) {
     return add(device_copy_node(), std::move(options));
   }
+
   /// The nodes added so far, in order.
   const std::vector<NodeSpec>& nodes() const { return p_.nodes_; }
-  /// Validates and returns the pipeline. Throws ConfigError naming the offending node.
-  Pipeline build() const;
-  /// Validates and returns an input of a mix: a source followed by shard, shuffle, filter,
-  /// per-sample maps and other per-sample nodes that keep their input's Refs (no batch, pack
-  /// or mix).
-  Pipeline build_input() const;
+  /// Validates and returns the pipeline: the phase order, every node's Placement and its
+  /// pipeline-wide check (NodeDef). Throws ConfigError keyed by the offending node's name.
+  Pipeline build(const PlacementWords& words = {}) const;
+  /// Validates and returns an input of a mix: a source followed by nodes whose Placement
+  /// allows a mix input (shard, shuffle, filter, per-sample maps; no batch, pack or mix).
+  Pipeline build_input(const PlacementWords& words = {}) const;
+
+  /// Each input's canonical description, "{k=v; k=v}" (what a mix's `inputs` records).
+  static std::vector<std::string> describe_inputs(const std::vector<Pipeline>& inputs);
 
  private:
   /// Checks the order of the nodes (shared by build and build_input).
   void check_order() const;
+  /// Checks every node's Placement (and that there is one batch node).
+  void check_placement(const PlacementWords& words) const;
+  /// Runs the nodes' pipeline-wide checks (NodeDef::check), once the order is right.
+  void run_checks() const;
   /// `base` made unique with a "#k" suffix; linear in the number of nodes overall.
   std::string unique_name(const std::string& base);
   Pipeline p_;

@@ -1,11 +1,12 @@
 #include "flowstate/graph/spine.h"
 
+#include <map>
+
 #include <oneapi/tbb/parallel_for.h>
 
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
 #include "flowstate/graph/node_stats.h"
-#include "flowstate/nodes/batch.h"
 
 namespace flowstate {
 
@@ -50,8 +51,6 @@ class ChainContext final : public BuildContext {
     }
     spec.def->build(*this, *spec.options);
     if (spec.phase() == Phase::kBatch) batch_built_ = true;
-    if (const auto* shard = spec.options_as<ShardOptions>(); shard && !shard->after_batch)
-      shard_rank_ = *shard->rank;
   }
   /// The counters of the chain's last node (null without stats).
   NodeCounters* last_counters() const {
@@ -94,28 +93,39 @@ class ChainContext final : public BuildContext {
     if (counters_ != nullptr) counters_->stage = NodeStage::kAssemble;
     chain_.stages.push_back({spec_->name, map_key(), std::move(fn)});
   }
-  void add_batch_map(BatchFn fn) override {
-    sink().batch_stages.push_back({spec_->name, map_key(), std::move(fn)});
-  }
-  void set_batch(BatchOptions options) override {
-    sink().batch = std::move(options);
-    sink().batch_name = spec_->name;
+  void add_stage(AssemblyStage stage) override {
+    if (stage.planner) {
+      if (sink().planner || !sink().batch_name.empty())
+        throw ConfigError(spec_->name, "'" + spec_->name + "' plans batches, but '" +
+                                           sink().batch_name + "' does already");
+      sink().planner = std::move(stage.planner);
+      sink().batch_name = spec_->name;
+    }
+    if (stage.plan) {
+      if (!batch_built_ && !sink().planner)
+        throw ConfigError(spec_->name,
+                          "'" + spec_->name + "' rewrites planned batches: it must follow batch");
+      sink().plan_stages.push_back({spec_->name, std::move(stage.plan)});
+    }
+    if (stage.batch)
+      sink().batch_stages.push_back({spec_->name, map_key(), std::move(stage.batch)});
+    if (stage.deliver) {
+      if (counters_ != nullptr) counters_->stage = NodeStage::kDeliver;
+      sink().deliver.emplace_back(spec_->name, std::move(stage.deliver));
+    }
+    if (stage.queue_depth) sink().prefetch = *stage.queue_depth;
   }
   void set_user_collate(UserCollateFn fn) override {
     if (sink_ != nullptr) sink_->user_collate = std::move(fn);
   }
-  void set_batch_slice(BatchSlice slice) override {
-    if (!batch_built_)
-      throw ConfigError(spec_->name, "'" + spec_->name + "' cuts batches: it must follow batch");
-    sink().slice = std::move(slice);
-  }
   bool after_batch() const override { return batch_built_; }
-  std::optional<std::uint64_t> shard_rank() const override { return shard_rank_; }
-  void set_prefetch(std::size_t depth) override { sink().prefetch = depth; }
-  void set_device(DeviceCopyOptions options) override {
-    if (counters_ != nullptr) counters_->stage = NodeStage::kDeliver;
-    sink().device = std::move(options);
-    sink().device_name = spec_->name;
+  void set_attribute(const std::string& key, std::uint64_t value) override {
+    attributes_[key] = value;
+  }
+  std::optional<std::uint64_t> attribute(const std::string& key) const override {
+    auto it = attributes_.find(key);
+    if (it == attributes_.end()) return std::nullopt;
+    return it->second;
   }
   std::size_t inputs() const override { return spec_->inputs ? spec_->inputs->size() : 0; }
   Chain build_input(std::size_t i) override {
@@ -146,7 +156,7 @@ class ChainContext final : public BuildContext {
   std::size_t index_ = 0;
   const NodeSpec* spec_ = nullptr;
   bool batch_built_ = false;
-  std::optional<std::uint64_t> shard_rank_;
+  std::map<std::string, std::uint64_t> attributes_;
   NodeCounters* counters_ = nullptr;           ///< the node being built's
   std::vector<NodeCounters*> chain_counters_;  ///< of chain_.nodes, in order
 };
@@ -167,9 +177,11 @@ Chain Spine::build_chain(const Pipeline& pipeline, std::uint32_t source_id, Sink
 Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs, NodeStatsTable* stats) {
   NodeCounters* last = nullptr;
   chain_ = build_chain(pipeline, 0, &sink_, stats, "", &last);
-  BatchOptions options = sink_.batch;
-  if (!options.user_collate) options.user_collate = sink_.user_collate;
-  auto planner = std::make_unique<BatchPlanner>(sink_.batch_name, options);
+  if (!sink_.planner)
+    throw ConfigError("batch", "a pipeline needs exactly one batch node");  // Builder::build
+  std::unique_ptr<BatchPlanner> planner = std::move(sink_.planner);
+  if (sink_.user_collate && !planner->options().user_collate)
+    planner->set_user_collate(sink_.user_collate);
   planner_ = planner.get();
   SpineNode* upstream = chain_.nodes.back().get();
   if (stats != nullptr) {
@@ -180,7 +192,8 @@ Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs, NodeStatsTable* sta
   planner->connect(upstream);
   chain_.nodes.push_back(std::move(planner));
   planner_->set_epochs(epochs);
-  if (sink_.slice) planner_->set_slice(*sink_.slice);
+  for (auto& stage : sink_.plan_stages) planner_->add_plan_stage(std::move(stage));
+  sink_.plan_stages.clear();
   planner_->set_store(chain_.store);
   planner_->set_snapshotter([this] { return snapshot(); });
 }

@@ -17,16 +17,17 @@
 
 namespace flowstate {
 
-/// What the nodes from `batch` on configure: the runtime reads it when it wires the graph.
+/// What the nodes from `batch` on hand the runtime (AssemblyStage, nodes/assembly.h): the
+/// runtime reads it when it wires the graph.
 struct SinkConfig {
-  BatchOptions batch;
-  std::string batch_name;
-  UserCollateFn user_collate;  ///< the source's, used when `batch` names none
+  std::unique_ptr<BatchPlanner> planner;  ///< the batch node's, until the spine takes it
+  std::string batch_name;                 ///< the node that handed the planner
+  UserCollateFn user_collate;             ///< the source's, used when `batch` names none
+  std::vector<PlanStage> plan_stages;
   std::vector<BatchStage> batch_stages;
   std::optional<std::size_t> prefetch;
-  std::optional<DeviceCopyOptions> device;
-  std::optional<BatchSlice> slice;  ///< the elastic layout's cut (shard after batch)
-  std::string device_name;          ///< the device_copy node's
+  /// Deliver stages in order, with their nodes' names.
+  std::vector<std::pair<std::string, std::shared_ptr<DeliverStage>>> deliver;
 };
 
 class NodeStatsTable;
@@ -54,7 +55,7 @@ class Spine {
   const std::string& source_name() const { return chain_.store_name; }
   /// The per-sample maps the assembler applies (those after the last store).
   const std::vector<SampleStage>& sample_stages() const { return chain_.stages; }
-  /// Batch maps, prefetch depth and device, as the pipeline's nodes set them.
+  /// Batch maps, prefetch depth and deliver stages, as the pipeline's nodes set them.
   const SinkConfig& sink() const { return sink_; }
   BatchPlanner& planner() { return *planner_; }
 

@@ -25,12 +25,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "flowstate/core/batch.h"
 #include "flowstate/core/buffer.h"
 #include "flowstate/core/collate.h"
+#include "flowstate/nodes/assembly.h"
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/options.h"
 
@@ -51,6 +53,8 @@ struct DeviceCopyOptions {
   }
   /// The check of `device`: auto, cpu or cuda:N.
   static std::string check_device(const ParamValue& value);
+  /// Delivering host memory: device=cpu (nullopt when it is so already).
+  std::optional<std::string> on_host() const;
 };
 
 struct NodeDef;
@@ -62,13 +66,13 @@ bool cuda_compiled();
 /// Number of usable CUDA devices (0 without CUDA, without a driver, or without a device).
 int cuda_device_count();
 
-/// The runtime side of `device_copy`. `copy` runs serially on the graph; `staging_pool` is
-/// where the batch assembler should collate batches bound for this node.
-class DeviceCopy {
+/// The runtime side of `device_copy`: the node's deliver stage. `copy` runs serially on the
+/// graph; `staging_pool` is where the batch assembler should collate batches bound for it.
+class DeviceCopy final : public DeliverStage {
  public:
   /// Resolves the device; throws ConfigError (key `device_copy.device`) when it is unusable.
   explicit DeviceCopy(const DeviceCopyOptions& options);
-  ~DeviceCopy();
+  ~DeviceCopy() override;
   DeviceCopy(const DeviceCopy&) = delete;
   DeviceCopy& operator=(const DeviceCopy&) = delete;
 
@@ -76,7 +80,9 @@ class DeviceCopy {
   const Device& target() const { return target_; }
   /// The pool the assembler collates into: pinned host memory when copying to a device,
   /// plain host memory otherwise.
-  std::shared_ptr<BufferPool> staging_pool() const { return staging_; }
+  std::shared_ptr<BufferPool> staging_pool() const override { return staging_; }
+  /// DeliverStage: copy().
+  Batch deliver(Batch batch) override { return copy(std::move(batch)); }
   /// Starts copying every field of `batch` to the target, then runs `batch.user_to_device`
   /// (when set) on `batch.user`; returns the batch with device tensors and one Fence covering
   /// every copy. On host targets the fields stay as they are and user_to_device still runs

@@ -1,27 +1,107 @@
 #include "flowstate/nodes/filter.h"
 
+#include <cmath>
+#include <cstring>
+
 #include "flowstate/core/error.h"
 
 namespace flowstate {
+namespace {
+
+/// A 1-D view of a field's values as doubles (the first element of a scalar).
+double first_value(const Tensor& t, const std::string& field) {
+  if (t.numel() == 0) throw DataError("", DataError::kNoOffset, "field '" + field + "' is empty");
+  return visit_dtype(t.dtype(), [&]<class T>() {
+    T v;
+    std::memcpy(&v, t.data(), sizeof(T));
+    return static_cast<double>(v);
+  });
+}
+
+const std::vector<ParamSchema>& filter_params() {
+  static const std::vector<ParamSchema> params = {
+      {.name = "fn",
+       .type = ParamType::kString,
+       .doc = "length: the field's first dimension in [min, max]; value: its first element in "
+              "[min, max]; keep_fraction: a seeded coin per sample and epoch",
+       .required = true,
+       .choices = {"length", "value", "keep_fraction"}},
+      {.name = "field", .type = ParamType::kString, .doc = "the field (length, value)"},
+      {.name = "min", .type = ParamType::kFloat, .doc = "inclusive lower bound (length, value)"},
+      {.name = "max", .type = ParamType::kFloat, .doc = "inclusive upper bound (length, value)"},
+      {.name = "fraction",
+       .type = ParamType::kFloat,
+       .doc = "keep_fraction: the share of samples kept",
+       .min = 0,
+       .max = 1},
+  };
+  return params;
+}
+
+/// `- filter: {fn: length|value|keep_fraction, ...}`: a named predicate.
+void read_filter(YamlContext& ctx) {
+  const Params& p = ctx.params();
+  const std::string fn = p.string("fn");
+  FilterOptions o{.name = fn, .params = p.describe(filter_params())};
+  std::erase_if(o.params, [](const DescribedParam& d) { return d.key == "fn"; });
+  if (fn == "keep_fraction") {
+    if (!p.has("fraction")) throw ConfigError("fraction", "keep_fraction needs a fraction");
+    const double f = p.real("fraction");
+    o.fn = [f](const Sample&, MapContext& c) {
+      return static_cast<double>(c.rng() >> 11) * 0x1p-53 < f;
+    };
+    ctx.add(filter_node(), std::move(o));
+    return;
+  }
+  if (!p.has("field")) throw ConfigError("field", fn + " needs a field");
+  if (!p.has("min") && !p.has("max")) throw ConfigError("min", fn + " needs min or max");
+  const std::string field = p.string("field");
+  const double lo = p.has("min") ? p.real("min") : -HUGE_VAL;
+  const double hi = p.has("max") ? p.real("max") : HUGE_VAL;
+  const FieldId id = field_id(field);
+  const bool length = fn == "length";
+  if (length) o.by_length = LengthRule{.field = id, .min = lo, .max = hi};
+  o.fn = [=](const Sample& s, MapContext&) {
+    const Tensor* t = s.find(id);
+    if (t == nullptr)
+      throw DataError("", DataError::kNoOffset,
+                      "record " + s.ref.to_string() + " has no field '" + field + "'");
+    const double v = length ? (t->shape().rank() == 0 ? 1.0 : static_cast<double>(t->shape()[0]))
+                            : first_value(*t, field);
+    return v >= lo && v <= hi;
+  };
+  ctx.add(filter_node(), std::move(o));
+}
+
+}  // namespace
 
 void FilterOptions::validate() const {
   if (!fn) throw ConfigError("", "filter needs a predicate");
 }
 
 const NodeDef& filter_node() {
-  static const NodeDef def = define_node<FilterOptions>(
-      {.type = "filter",
-       .phase = Phase::kPerSample,
-       .doc = "drops samples a predicate rejects; batches stay full and resume stays exact"},
-      [](BuildContext& ctx, const FilterOptions& o) {
-        const SampleReader* reader = ctx.reader();
-        // Without maps before it, the filter sees the store's records: a view is the sample.
-        const bool direct = reads_store_unmapped(reader, ctx.store());
-        ctx.add(std::make_unique<FilterNode>(ctx.name(), o.fn, ctx.key(), reader, ctx.store(),
-                                             ctx.parallel_for(),
-                                             direct ? o.by_length : std::nullopt));
-      },
-      inspect_fields<FilterState>);
+  static const NodeDef def = [] {
+    NodeDef d = define_node<FilterOptions>(
+        {.type = "filter",
+         .phase = Phase::kPerSample,
+         .doc = "drops samples a predicate rejects; batches stay full and resume stays exact"},
+        [](BuildContext& ctx, const FilterOptions& o) {
+          const SampleReader* reader = ctx.reader();
+          // Without maps before it, the filter sees the store's records: a view is the sample.
+          const bool direct = reads_store_unmapped(reader, ctx.store());
+          ctx.add(std::make_unique<FilterNode>(ctx.name(), o.fn, ctx.key(), reader, ctx.store(),
+                                               ctx.parallel_for(),
+                                               direct ? o.by_length : std::nullopt));
+        },
+        inspect_fields<FilterState>);
+    auto f = std::make_shared<YamlForm>();
+    f->doc = "drops samples a named predicate rejects; batches stay full and resume stays exact";
+    f->params = filter_params();
+    f->node_name = [](const Params& p) { return p.string("fn"); };
+    f->read = read_filter;
+    d.yaml = std::move(f);
+    return d;
+  }();
   return def;
 }
 

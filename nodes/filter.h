@@ -30,15 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/assembly.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/node.h"
 
 namespace flowstate {
-
-/// Keeps a sample when it returns true. Must be thread-safe and deterministic in (sample,
-/// generator).
-using FilterFn = std::function<bool(const Sample&, MapContext&)>;
 
 /// A predicate that keeps a sample when the first dimension of its 1-D field `field` lies in
 /// [min, max]: the filter may decide it from RecordStore::view, without reading the record.

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/assembly.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/node.h"
 

@@ -1,12 +1,14 @@
 #include "flowstate/nodes/mix.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include <cereal/types/string.hpp>
 
 #include "flowstate/core/rng.h"
-#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/assembly.h"
+#include "flowstate/nodes/sources/file_source.h"
 
 namespace flowstate {
 
@@ -64,30 +66,81 @@ std::string inspect_mix(InArchive& ar, const InspectContext& ctx) {
 
 }  // namespace
 
+namespace {
+
+/// `- mix: {inputs: [a.yaml, b.yaml], weights: [...]}`: input pipeline files, read with the
+/// caller's registries (relative to this file).
+std::shared_ptr<const YamlForm> mix_yaml(const NodeDef& def) {
+  auto f = std::make_shared<YamlForm>();
+  f->params = {
+      {.name = "inputs",
+       .type = ParamType::kStringList,
+       .doc = "input pipeline files (source, shard, shuffle, filter, maps); relative to this file",
+       .required = true,
+       .check = check_paths},
+      {.name = "weights",
+       .type = ParamType::kStringList,
+       .doc = "one positive number per input",
+       .required = true},
+  };
+  for (const auto& p : def.params) f->params.push_back(p);  // stop
+  f->read = [](YamlContext& ctx) {
+    const Params& p = ctx.params();
+    MixOptions o;
+    const auto& ws = p.strings("weights");
+    for (std::size_t i = 0; i < ws.size(); ++i) {
+      double w = 0;
+      auto [end, ec] = std::from_chars(ws[i].data(), ws[i].data() + ws[i].size(), w);
+      if (ec != std::errc() || end != ws[i].data() + ws[i].size() || !(w > 0) || !std::isfinite(w))
+        throw ConfigError("weights", "weights[" + std::to_string(i) + "]: '" + ws[i] +
+                                         "' is not a positive number");
+      o.weights.push_back(w);
+    }
+    o.stop = options_from<MixOptions>(p).stop;
+    std::vector<std::filesystem::path> files;
+    for (const auto& path : p.strings("inputs")) {
+      std::filesystem::path f(path);
+      if (f.is_relative() && !ctx.base_dir().empty()) f = ctx.base_dir() / f;
+      files.push_back(std::move(f));
+    }
+    o.inputs = ctx.read_inputs(files);
+    ctx.add(mix_node(), std::move(o));
+  };
+  return f;
+}
+
+}  // namespace
+
 const NodeDef& mix_node() {
-  static const NodeDef def = define_node<MixOptions>(
-      {.type = "mix",
-       .phase = Phase::kSource,
-       .doc = "samples from several input pipelines (YAML files without batch) by weight"},
-      [](BuildContext& ctx, const MixOptions& o) {
-        std::vector<MixInput> inputs;
-        for (std::size_t j = 0; j < ctx.inputs(); ++j) {
-          Chain sub = ctx.build_input(j);
-          MixInput in;
-          in.name = "input " + std::to_string(j);
-          in.tail = sub.tail;
-          in.nodes = std::move(sub.nodes);
-          in.own = std::move(sub.readers);
-          in.store = sub.store;
-          in.reader =
-              std::make_unique<MappedReader>(sub.store, sub.store_name, std::move(sub.stages));
-          inputs.push_back(std::move(in));
-        }
-        auto mix = std::make_unique<MixNode>(ctx.name(), o, ctx.key(), std::move(inputs));
-        const RecordStore* store = mix.get();
-        ctx.add_store(std::move(mix), store);
-      },
-      inspect_mix);
+  static const NodeDef def = [] {
+    NodeDef d = define_node<MixOptions>(
+        {.type = "mix",
+         .phase = Phase::kSource,
+         .doc = "samples from several input pipelines (YAML files without batch) by weight",
+         // Inputs are addressed by Ref::source: a mix inside an input would collide.
+         .placement = {.in_mix_input = false}},
+        [](BuildContext& ctx, const MixOptions& o) {
+          std::vector<MixInput> inputs;
+          for (std::size_t j = 0; j < ctx.inputs(); ++j) {
+            Chain sub = ctx.build_input(j);
+            MixInput in;
+            in.name = "input " + std::to_string(j);
+            in.tail = sub.tail;
+            in.nodes = std::move(sub.nodes);
+            in.own = std::move(sub.readers);
+            in.store = sub.store;
+            in.reader =
+                std::make_unique<MappedReader>(sub.store, sub.store_name, std::move(sub.stages));
+            inputs.push_back(std::move(in));
+          }
+          auto mix = std::make_unique<MixNode>(ctx.name(), o, ctx.key(), std::move(inputs));
+          const RecordStore* store = mix.get();
+          ctx.add_store(std::move(mix), store);
+        },
+        inspect_mix);
+    d.yaml = mix_yaml(d);
+    return d;
+  }();
   return def;
 }
 

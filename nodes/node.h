@@ -11,7 +11,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
+
+#include <cereal/cereal.hpp>
 
 #include "flowstate/core/ref.h"
 #include "flowstate/core/sample.h"
@@ -166,4 +170,22 @@ void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::st
 void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
                    const std::vector<StampEntry>& entries, const std::string& where);
 
+/// The spine state of a sequential node (a source, shard, a global shuffle): where its
+/// cursor is.
+struct CursorState {
+  std::uint64_t epoch = 0;
+  std::uint64_t cursor = 0;  ///< Refs emitted in this epoch
+  template <class Archive>
+  void serialize(Archive& ar, std::uint32_t version) {
+    require_state_version("CursorState", version, 1);
+    ar(epoch, cursor);
+  }
+  static constexpr auto inspect_fields() {
+    return std::tuple{std::pair{"epoch", &CursorState::epoch},
+                      std::pair{"cursor", &CursorState::cursor}};
+  }
+};
+
 }  // namespace flowstate
+
+CEREAL_CLASS_VERSION(flowstate::CursorState, 1);

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "flowstate/core/buffer.h"
-#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/assembly.h"
 
 namespace flowstate {
 
@@ -16,7 +16,9 @@ const NodeDef& pack_node() {
   static const NodeDef def = define_node<PackOptions>(
       {.type = "pack",
        .phase = Phase::kPerSample,
-       .doc = "concatenates token sequences and cuts rows of exactly `length` tokens"},
+       .doc = "concatenates token sequences and cuts rows of exactly `length` tokens",
+       // Its rows replace the input's Refs, which a mix addresses by Ref::source.
+       .placement = {.in_mix_input = false}},
       [](BuildContext& ctx, const PackOptions& o) {
         const SampleReader* reader = ctx.reader();
         // No map between the store and pack: documents can be planned from store views.
@@ -54,8 +56,6 @@ PackNode::PackNode(std::string name, PackOptions options, const SampleReader* re
       field_(field_id(options_.field)),
       ids_field_(field_id(options_.field + "_doc_ids")),
       parallel_(std::move(parallel)) {
-  if (options_.length == 0)
-    throw ConfigError(this->name() + ".length", "pack length must be greater than zero");
   if (!upstream_store_->rereadable())
     throw ConfigError(this->name(),
                       "pack resumes by reading the document it stopped in again, and its "

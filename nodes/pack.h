@@ -144,7 +144,7 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   /// gets each document's Ref back once its tokens are held. `source_id` goes into the rows'
   /// Refs. With `direct` (no map between the store and pack), documents the store can view()
   /// are planned from their length and never read in the spine. `parallel` reads documents
-  /// ahead of the spine (none: one by one).
+  /// ahead of the spine (none: one by one). `options` passed their table's checks (length >= 1).
   PackNode(std::string name, PackOptions options, const SampleReader* reader,
            const RecordStore* upstream_store, std::uint32_t source_id, bool direct = false,
            ParallelFor parallel = {});

@@ -7,7 +7,11 @@ const NodeDef& prefetch_node() {
       {.type = "prefetch",
        .phase = Phase::kPerBatch,
        .doc = "how many batches may be prepared ahead of the consumer"},
-      [](BuildContext& ctx, const PrefetchOptions& o) { ctx.set_prefetch(o.depth); });
+      [](BuildContext& ctx, const PrefetchOptions& o) {
+        AssemblyStage stage;
+        stage.queue_depth = o.depth;
+        ctx.add_stage(std::move(stage));
+      });
   return def;
 }
 

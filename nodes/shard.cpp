@@ -1,5 +1,7 @@
 #include "flowstate/nodes/shard.h"
 
+#include <algorithm>
+
 #include "flowstate/core/error.h"
 #include "flowstate/core/launcher.h"
 #include "flowstate/core/rng.h"
@@ -15,17 +17,104 @@ const NodeDef& shard_node() {
       {.type = "shard",
        .phase = Phase::kSpine,
        .doc = "splits the records (before batch) or each global batch (after batch) across "
-              "ranks; every record goes to one rank per epoch"},
+              "ranks; every record goes to one rank per epoch",
+       .splits_ranks = true},
       [](BuildContext& ctx, const ShardOptions& o) {
         if (o.after_batch) {
-          ctx.set_batch_slice(
-              {.rank = *o.rank, .world = *o.world, .uneven = o.uneven, .node = ctx.name()});
+          const BatchSlice slice{.rank = *o.rank, .world = *o.world, .uneven = o.uneven};
+          AssemblyStage stage;
+          stage.plan = [slice](BatchInfo& info, const PlanStage::Context& c) {
+            slice.apply(info, c);
+          };
+          ctx.add_stage(std::move(stage));
         } else {
           ctx.add(std::make_unique<ShardNode>(ctx.name(), o));
+          // A shuffle after a per-rank shard is keyed by the rank (nodes/shuffle.cpp).
+          ctx.set_attribute("rank", *o.rank);
         }
       },
       inspect_fields<CursorState>);
   return def;
+}
+
+std::vector<Ref> BatchSlice::cut(std::span<const Ref> refs) const {
+  const std::uint64_t c = refs.size();
+  std::uint64_t begin = 0, count = 0;
+  std::vector<Ref> out;
+  if (c % world == 0 || uneven != ShardUneven::kPad) {
+    // Equal slices, or (allow) near-equal ones: [c·r/w, c·(r+1)/w). `drop` never sees a
+    // short batch that does not divide (the pipeline refuses it without drop_last).
+    begin = static_cast<std::uint64_t>(static_cast<Uint128>(c) * rank / world);
+    count = static_cast<std::uint64_t>(static_cast<Uint128>(c) * (rank + 1) / world) - begin;
+    out.assign(refs.begin() + static_cast<std::ptrdiff_t>(begin),
+               refs.begin() + static_cast<std::ptrdiff_t>(begin + count));
+    return out;
+  }
+  // pad: the batch continues with its own first samples up to a multiple of world.
+  const std::uint64_t m = c / world + 1;
+  out.reserve(m);
+  for (std::uint64_t j = rank * m; j < (rank + 1) * m; ++j)
+    out.push_back(j < c ? refs[j] : refs[(j - c) % c].as_pad());
+  return out;
+}
+
+void BatchSlice::apply(BatchInfo& info, const PlanStage::Context& ctx) const {
+  const bool short_batch = info.refs.size() < ctx.batch_size;
+  std::vector<Ref> mine = cut(info.refs);
+  // The records only other ranks read: a store that holds values for Refs in flight drops
+  // them now; the assembler releases this rank's.
+  std::vector<Ref> kept;
+  for (const Ref& r : mine) kept.push_back(r.record());
+  std::sort(kept.begin(), kept.end());
+  std::vector<Ref> others;
+  for (const Ref& r : info.refs)
+    if (!std::binary_search(kept.begin(), kept.end(), r)) others.push_back(r);
+  if (!others.empty()) ctx.release(others);
+  info.refs = std::move(mine);
+  info.num_samples = static_cast<std::uint32_t>(info.refs.size());
+  info.remainder = short_batch ? info.num_samples : 0;
+}
+
+ShardOptions ShardOptions::resolved(const Position& where) const {
+  ShardOptions r = *this;
+  r.after_batch = where.after_batch;
+  return r.resolved();
+}
+
+std::pair<Phase, Placement> ShardOptions::placement() const {
+  // The elastic layout cuts what batch makes, before any batch map.
+  if (after_batch)
+    return {Phase::kPerBatch,
+            {.directly_after_batch = true,
+             .in_mix_input = false,
+             .why = "it cuts each global batch into world slices"}};
+  return {Phase::kSpine, {}};
+}
+
+void ShardOptions::check(std::span<const NodeSpec> nodes, std::size_t index) const {
+  if (!after_batch) return;
+  const auto* batch = nodes[index - 1].options_as<BatchOptions>();
+  if (batch == nullptr) return;  // a batch node of one's own: it knows its sizes
+  const std::string& name = nodes[index].name;
+  if (batch->size % *world != 0)
+    throw ConfigError(name + ".world", "'" + name + "' after batch cuts each global batch of " +
+                                           std::to_string(batch->size) +
+                                           " samples into world slices, but world " +
+                                           std::to_string(*world) + " does not divide " +
+                                           std::to_string(batch->size) + " (batch.size)");
+  if (uneven == ShardUneven::kDrop && !batch->drop_last)
+    throw ConfigError(name + ".uneven",
+                      "'" + name +
+                          "' after batch with uneven: drop needs batch.drop_last: true (a "
+                          "short last global batch cannot be cut equally without repeating "
+                          "samples; use uneven: pad to repeat them)");
+}
+
+void ShardOptions::check_launch(const std::string& node, std::uint64_t r, std::uint64_t w) const {
+  if (*world != w || *rank != r)
+    throw ConfigError(node, "'" + node + "' is rank " + std::to_string(*rank) + " of " +
+                                std::to_string(*world) + ", but the launcher started rank " +
+                                std::to_string(r) + " of " + std::to_string(w));
 }
 
 ShardOptions ShardOptions::resolved() const {

@@ -17,7 +17,6 @@
 
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/node.h"
-#include "flowstate/nodes/sources/file_source.h"
 
 namespace flowstate {
 
@@ -28,6 +27,28 @@ struct EnumNames<ShardMode> {
       {{ShardMode::kInterleave, "interleave"}, {ShardMode::kContiguous, "contiguous"}}};
 };
 
+/// What `shard` does when the data does not divide by world.
+enum class ShardUneven : std::uint8_t { kPad, kDrop, kAllow };
+template <>
+struct EnumNames<ShardUneven> {
+  static constexpr std::array<std::pair<ShardUneven, const char*>, 3> values{
+      {{ShardUneven::kPad, "pad"}, {ShardUneven::kDrop, "drop"}, {ShardUneven::kAllow, "allow"}}};
+};
+
+/// How the elastic layout cuts a global batch: rank `rank` of `world` takes a contiguous slice.
+struct BatchSlice {
+  std::uint64_t rank = 0;
+  std::uint64_t world = 1;
+  ShardUneven uneven = ShardUneven::kPad;
+  /// Rank's share of a global batch `refs` (a full one, or the epoch's short last one):
+  /// size / world contiguous samples. A short batch that does not divide by world is padded
+  /// with its own first samples (pad, marked) or split into near-equal slices (allow).
+  std::vector<Ref> cut(std::span<const Ref> refs) const;
+  /// Cuts a planned global batch to this rank's slice and releases the Refs only other ranks
+  /// read: the elastic layout's plan stage (nodes/assembly.h).
+  void apply(BatchInfo& info, const PlanStage::Context& ctx) const;
+};
+
 /// Options of the `shard` node.
 struct ShardOptions {
   /// This process's rank; default: the launcher's (core/launcher.h), else 0.
@@ -36,12 +57,20 @@ struct ShardOptions {
   std::optional<std::uint64_t> world;
   ShardMode mode = ShardMode::kInterleave;  ///< interleave or contiguous
   ShardUneven uneven = ShardUneven::kPad;   ///< pad, drop or allow
-  /// Not a parameter: set by the builder when the node follows `batch` (the elastic layout),
-  /// which makes rank and world free.
+  /// Not a parameter: set when the node is added after `batch` (the elastic layout, see
+  /// resolved(Position)), which makes rank and world free.
   bool after_batch = false;
 
   /// Fills rank and world from the launcher's environment where unset; validates.
   ShardOptions resolved() const;
+  /// resolved(), in the elastic layout when added after batch.
+  ShardOptions resolved(const Position& where) const;
+  /// Before batch: a spine node, before any map; after it: right after batch.
+  std::pair<Phase, Placement> placement() const;
+  /// After batch: world divides the batch size, and uneven: drop needs batch.drop_last.
+  void check(std::span<const NodeSpec> nodes, std::size_t index) const;
+  /// The per-rank layout's rank and world are the launcher's.
+  void check_launch(const std::string& node, std::uint64_t rank, std::uint64_t world) const;
   /// Checks rank < world, reading the launcher's environment for what is unset.
   void validate() const { (void)resolved(); }
   /// The table's description, with rank and world free in the elastic layout.

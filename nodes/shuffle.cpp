@@ -79,7 +79,8 @@ const NodeDef& shuffle_node() {
         std::uint64_t key = hash_combine(ctx.key(), o.seed);
         // After a per-rank shard every rank shuffles its own records with a key of its own:
         // with one key, rank r's order would be rank 0's shifted by r at almost every position.
-        if (auto rank = ctx.shard_rank()) key = hash_combine(key, hash_combine(0x72616e6b, *rank));
+        if (auto rank = ctx.attribute("rank"))
+          key = hash_combine(key, hash_combine(0x72616e6b, *rank));
         if (o.mode == ShuffleMode::kGlobal)
           ctx.add(std::make_unique<GlobalShuffleNode>(ctx.name(), key));
         else if (ctx.store() != nullptr && !ctx.store()->rereadable())
@@ -246,9 +247,7 @@ template void BufferShuffleState::save(OutArchive&, std::uint32_t) const;
 template void BufferShuffleState::load(InArchive&, std::uint32_t);
 
 BufferShuffleNode::BufferShuffleNode(std::string name, std::uint64_t key, std::uint64_t buffer_size)
-    : StatefulSpineNode(std::move(name)), key_(key), capacity_(buffer_size) {
-  if (capacity_ == 0) throw ConfigError("shuffle.size", "buffer size must be greater than zero");
-}
+    : StatefulSpineNode(std::move(name)), key_(key), capacity_(buffer_size) {}
 
 void BufferShuffleNode::connect(SpineNode* upstream) {
   require_indexed(*this, upstream);
@@ -371,9 +370,7 @@ template void StreamShuffleState::load(InArchive&, std::uint32_t);
 
 StreamShuffleNode::StreamShuffleNode(std::string name, std::uint64_t key, std::uint64_t buffer_size,
                                      const RecordStore* store)
-    : StatefulSpineNode(std::move(name)), key_(key), capacity_(buffer_size), store_(store) {
-  if (capacity_ == 0) throw ConfigError("shuffle.size", "buffer size must be greater than zero");
-}
+    : StatefulSpineNode(std::move(name)), key_(key), capacity_(buffer_size), store_(store) {}
 
 void StreamShuffleNode::connect(SpineNode* upstream) {
   if (upstream == nullptr || dynamic_cast<const RecordStore*>(upstream->underlying()) != store_)

@@ -136,6 +136,7 @@ struct BufferShuffleState {
 /// The `buffer` shuffle. Needs a random-access upstream.
 class BufferShuffleNode final : public StatefulSpineNode<BufferShuffleState> {
  public:
+  /// `buffer_size` >= 1 (ShuffleOptions' table checks it).
   BufferShuffleNode(std::string name, std::uint64_t key, std::uint64_t buffer_size);
   void connect(SpineNode* upstream) override;
   std::uint64_t size(std::uint64_t epoch) const override { return upstream_->size(epoch); }
@@ -188,6 +189,7 @@ struct StreamShuffleState {
 /// after that source.
 class StreamShuffleNode final : public StatefulSpineNode<StreamShuffleState> {
  public:
+  /// `buffer_size` >= 1 (ShuffleOptions' table checks it).
   StreamShuffleNode(std::string name, std::uint64_t key, std::uint64_t buffer_size,
                     const RecordStore* store);
   void connect(SpineNode* upstream) override;

@@ -31,21 +31,6 @@ inline constexpr const char* kPathsDoc =
 /// they never view a read-only mapping).
 Tensor bytes_tensor(const void* data, std::size_t size);
 
-/// The spine state of a sequential source: where its cursor is.
-struct CursorState {
-  std::uint64_t epoch = 0;
-  std::uint64_t cursor = 0;  ///< Refs emitted in this epoch
-  template <class Archive>
-  void serialize(Archive& ar, std::uint32_t version) {
-    require_state_version("CursorState", version, 1);
-    ar(epoch, cursor);
-  }
-  static constexpr auto inspect_fields() {
-    return std::tuple{std::pair{"epoch", &CursorState::epoch},
-                      std::pair{"cursor", &CursorState::cursor}};
-  }
-};
-
 /// Bytes per sampled block of a data file's identity.
 inline constexpr std::size_t kIdentityBlockBytes = 4096;
 /// Blocks sampled per file: the first, two at offsets drawn from the file's name and size, and
@@ -202,5 +187,4 @@ void add_file_source(BuildContext& ctx, const Options& options) {
 
 }  // namespace flowstate
 
-CEREAL_CLASS_VERSION(flowstate::CursorState, 1);
 CEREAL_CLASS_VERSION(flowstate::DataIdentity, 1);

@@ -58,7 +58,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/core/tensor.h"
 #include "flowstate/core/user_value.h"
-#include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/assembly.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/device_copy.h"
 #include "flowstate/nodes/node.h"

@@ -28,6 +28,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/accumulate.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/device_copy.h"
 #include "flowstate/nodes/sources/iterable.h"
 

@@ -102,6 +102,44 @@ TEST_F(CliPlugin, SigkillMidRunThenResumeEqualsAnUninterruptedRun) {
   EXPECT_EQ(by_step(read_lines(path("part.txt"))), read_lines(path("full.txt")));
 }
 
+TEST_F(CliPlugin, StagesAfterBatchFromAPluginVerifyAndRun) {
+  // slice (a plan stage, like shard after batch) and checksum (a batch-time stage, like
+  // device_copy) come from the plugin; the runtime knows neither.
+  const std::string rel = fs::relative(kPlugin, dir_.path()).string();
+  write_file(dir_ / "s.yaml", "seed: 4\nplugins: [" + rel +
+                                  "]\n"
+                                  "source: {type: records, paths: data/*.bin, record_bytes: 64}\n"
+                                  "nodes:\n"
+                                  "  - shuffle: {mode: buffer, size: 500}\n"
+                                  "  - batch: {size: 16}\n"
+                                  "  - slice: {count: 5}\n"
+                                  "  - prefetch: {depth: 3}\n"
+                                  "  - checksum: {field: sum}\n"
+                                  "epochs: 2\n");
+  CliResult r = run({"verify", "s.yaml", "--steps", "300", "--trials", "3", "--seed", "2"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(r.err,
+            "flowstate: verify ok: 3 restores reproduced the uninterrupted run exactly "
+            "(--seed 2)\n");
+  r = run({"run", "s.yaml", "--steps", "10", "--digests", "d.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_lines(path("d.txt")).size(), 10u);
+  // Where the plugin's node may stand is its own rule, said by the builder at the YAML entry.
+  write_file(dir_ / "bad.yaml", "plugins: [" + rel +
+                                    "]\n"
+                                    "source: {type: records, paths: data/*.bin, record_bytes: 64}\n"
+                                    "nodes:\n"
+                                    "  - batch: {size: 16}\n"
+                                    "  - prefetch: {depth: 3}\n"
+                                    "  - slice: {count: 5}\n");
+  r = run({"validate", "bad.yaml"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("bad.yaml:6:5: nodes[2].slice: 'slice' after batch must follow it "
+                       "directly (it chooses which samples each batch reads)"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(CliPlugin, InspectDecodesTheNodesStateWithThePlugin) {
   ASSERT_EQ(run({"run", "p.yaml", "--steps", "100", "--checkpoint-dir", "ck"}).status, 0);
   CliResult r = run({"--plugin", kPlugin, "inspect", "ck", "--json"});

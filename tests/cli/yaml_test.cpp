@@ -13,6 +13,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -206,6 +207,67 @@ TEST(YamlPipeline, RelativePathsResolveAgainstTheFilesDirectory) {
   EXPECT_EQ(testing::drain(loader).size(), 5u);
   // The description keeps the paths as written, so the project can move.
   EXPECT_NE(c.pipeline.describe().find("paths: data/*.bin"), std::string::npos);
+}
+
+TEST(YamlPipeline, AMixInputReadsWithTheCallersRegistries) {
+  // A node and a transform known only to the caller's registries work inside a mix's input
+  // files too: the inputs are read with the same YamlOptions registries as the top file.
+  TempDir dir;
+  const std::string glob = testing::write_records(dir.str(), 12, 8, 1);
+  Registry nodes = Registry::with_builtins();
+  nodes.add({.type = "ones",
+             .doc = "sets every byte of the data to 1",
+             .add =
+                 [](NodeContext& ctx) {
+                   ctx.builder.map(
+                       [](Sample& s, MapContext&) {
+                         Tensor t = s.at("data").clone();
+                         std::memset(t.data(), 1, t.nbytes());
+                         s.set("data", t);
+                       },
+                       MapOptions{.name = "ones"});
+                 },
+             .node_name = [](const Params&) { return std::string("ones"); }});
+  TransformRegistry transforms = TransformRegistry::with_builtins();
+  transforms.add({.name = "double",
+                  .doc = "doubles every uint8",
+                  .params = {field_param()},
+                  .make_sample = [](const Params&) -> SampleFn {
+                    return [](Sample& s, MapContext&) {
+                      Tensor t = s.at("data").clone();
+                      for (auto& b : t.values<std::uint8_t>()) b = static_cast<std::uint8_t>(2 * b);
+                      s.set("data", t);
+                    };
+                  }});
+  const std::string source = "source: {type: records, paths: '" + glob + "', record_bytes: 8}\n";
+  std::ofstream(dir.path() / "in_a.yaml") << source << "nodes: [ones, {map: {fn: double}}]\n";
+  std::ofstream(dir.path() / "in_b.yaml") << source << "nodes: [ones]\n";
+  YamlOptions o;
+  o.registry = &nodes;
+  o.transforms = &transforms;
+  o.base_dir = dir.path();
+  const std::string text =
+      "source: {type: mix, inputs: [in_a.yaml, in_b.yaml], weights: [1, 1]}\n"
+      "nodes: [{batch: {size: 24}}]\n";
+  Loader loader(from_yaml_string(text, "p.yaml", o));
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  // Every sample went through its input's nodes: all ones (in_b), or doubled ones (in_a).
+  std::size_t twos = 0, ones = 0, other = 0;
+  for (auto x : (*b)["data"].values<std::uint8_t>()) ++(x == 2 ? twos : x == 1 ? ones : other);
+  EXPECT_GT(twos, 0u);
+  EXPECT_GT(ones, 0u);
+  EXPECT_EQ(other, 0u);
+  // Without the caller's registries, the input names a node nobody registered.
+  YamlOptions plain;
+  plain.base_dir = dir.path();
+  try {
+    from_yaml_string(text, "p.yaml", plain);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown node type 'ones'"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(YamlPipeline, AProgramRegistersItsOwnNodesAndTransforms) {

@@ -8,6 +8,7 @@
 
 #include "flowstate/config/yaml.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 

@@ -9,6 +9,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/testing.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -13,6 +13,7 @@
 #include "flowstate/config/yaml.h"
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -1,6 +1,7 @@
 // from_range / from_producer: user types as sources (DESIGN.md §9). Every kind of source runs
 // the save/restore oracle with its values exposed to the batch digest, and the unknown-length
 // sources are checked for exact BatchInfo.
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/iterable.h"
 
 #include <gmock/gmock.h>

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -14,6 +14,7 @@
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/metrics.h"
 #include "flowstate/graph/trace.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/mix.h"
 #include "tests/support/testing.h"
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/iterable.h"
 
 namespace flowstate {

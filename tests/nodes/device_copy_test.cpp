@@ -3,6 +3,7 @@
 // in tests/nodes/cuda (label `cuda`); the ones here that describe the no-device fallback skip
 // when a device is present.
 #include "flowstate/nodes/device_copy.h"
+#include "flowstate/nodes/builtin.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

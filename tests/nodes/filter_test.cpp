@@ -1,5 +1,6 @@
 // `filter` and the planner's look-ahead over upstreams of unknown length.
 #include "flowstate/nodes/filter.h"
+#include "flowstate/nodes/builtin.h"
 
 #include <gtest/gtest.h>
 

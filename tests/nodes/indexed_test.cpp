@@ -2,6 +2,7 @@
 // (fixtures/megatron/write_fixtures.py, numpy and the published layout): what it reads, every
 // refusal of a damaged index, and exact resume through shuffle and pack.
 #include "flowstate/nodes/sources/indexed.h"
+#include "flowstate/nodes/builtin.h"
 
 #include <gtest/gtest.h>
 

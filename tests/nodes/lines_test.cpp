@@ -1,4 +1,5 @@
 #include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/builtin.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

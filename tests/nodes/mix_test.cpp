@@ -1,5 +1,6 @@
 // `mix`: weighted sampling from input pipelines, every stop criterion, exact O(1) resume.
 #include "flowstate/nodes/mix.h"
+#include "flowstate/nodes/builtin.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,6 @@
 // `pack`: token sequences concatenated and cut into fixed rows; exact resume by reference.
 #include "flowstate/nodes/pack.h"
+#include "flowstate/nodes/builtin.h"
 
 #include <gtest/gtest.h>
 

@@ -10,6 +10,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -7,6 +7,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/shard.h"
 #include "flowstate/nodes/shuffle.h"
 #include "flowstate/nodes/sources/records.h"

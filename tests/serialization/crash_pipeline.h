@@ -8,6 +8,7 @@
 
 #include "flowstate/core/hash.h"
 #include "flowstate/graph/pipeline.h"
+#include "flowstate/nodes/builtin.h"
 
 namespace flowstate::testing {
 

@@ -12,6 +12,7 @@
 #include "flowstate/config/inspect.h"
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/serialization/checkpoint.h"
 #include "flowstate/serialization/pipeline_state.h"

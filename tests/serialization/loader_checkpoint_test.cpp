@@ -14,6 +14,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"
 

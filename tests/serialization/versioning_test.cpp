@@ -12,6 +12,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/core/version.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/serialization/checkpoint.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"

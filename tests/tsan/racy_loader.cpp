@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
 namespace {

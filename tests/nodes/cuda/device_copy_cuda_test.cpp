@@ -20,6 +20,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/device_copy.h"
 #include "flowstate/nodes/sources/iterable.h"
 #include "tests/support/testing.h"
