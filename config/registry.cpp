@@ -105,7 +105,6 @@ void Registry::add(const NodeDef& def, std::string origin) {
       n.dispatch_choices = [&form](const TransformRegistry& t) {
         return form.dispatch_choices(FormContext(t));
       };
-    n.node_name = form.node_name;
     n.add = [&form](NodeContext& ctx) {
       FormContext c(ctx.transforms, &ctx);
       form.read(c);

@@ -66,8 +66,8 @@ struct NodeSchema {
   /// ConfigError with a key relative to the node ("size" or "shuffle.size") or a full key.
   /// Null for a type that YAML cannot make (a C++-only source kept for `inspect`).
   std::function<void(NodeContext& ctx)> add;
-  /// The name `add` asks the builder for (before "#2" suffixes), when it is not `type`: the
-  /// YAML loader uses it to place the builder's errors, which name nodes.
+  /// Unused: kept so that programs which set it still compile. The YAML loader places the
+  /// builder's errors by the names of the nodes `add` added.
   std::function<std::string(const Params&)> node_name;
 };
 

@@ -235,8 +235,6 @@ struct YamlForm {
   std::function<const std::vector<ParamSchema>*(const YamlContext&, const std::string& value)>
       extra_params;
   std::function<std::vector<std::string>(const YamlContext&)> dispatch_choices;
-  /// The name the node gets (before "#2" suffixes), when it is not its type (map: its `fn`).
-  std::function<std::string(const Params&)> node_name;
   /// Reads the parameters and adds exactly one node through ctx.add. May throw ConfigError
   /// keyed by a parameter.
   std::function<void(YamlContext& ctx)> read;

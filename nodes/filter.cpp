@@ -97,7 +97,6 @@ const NodeDef& filter_node() {
     auto f = std::make_shared<YamlForm>();
     f->doc = "drops samples a named predicate rejects; batches stay full and resume stays exact";
     f->params = filter_params();
-    f->node_name = [](const Params& p) { return p.string("fn"); };
     f->read = read_filter;
     d.yaml = std::move(f);
     return d;

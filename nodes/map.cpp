@@ -34,7 +34,6 @@ std::shared_ptr<const YamlForm> map_yaml(const NodeDef& def) {
     return t != nullptr ? &t->params : nullptr;
   };
   f->dispatch_choices = [](const YamlContext& ctx) { return ctx.transform_names(); };
-  f->node_name = [](const Params& p) { return p.string("fn"); };  // MapOptions::name
   f->read = [](YamlContext& ctx) {
     const Params& p = ctx.params();
     const std::string& fn = p.string("fn");

@@ -314,7 +314,6 @@ Registry python_registry(const std::shared_ptr<std::vector<PyObj>>& specs) {
                         .min = 1,
                         .max = 1024,
                         .free = true});
-  map.node_name = [spec_of](const Params& p) { return attr_string(spec_of(p), "name"); };
   map.add = [spec_of](NodeContext& ctx) {
     py::object spec = spec_of(ctx.params);
     const std::string name = attr_string(spec, "name");
@@ -335,7 +334,6 @@ Registry python_registry(const std::shared_ptr<std::vector<PyObj>>& specs) {
   };
   NodeSchema filter{
       .type = "python_filter", .doc = "a Python predicate on each sample", .params = {ref}};
-  filter.node_name = map.node_name;
   r.add(std::move(map));
   filter.add = [spec_of](NodeContext& ctx) {
     py::object spec = spec_of(ctx.params);
