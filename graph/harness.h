@@ -1,0 +1,3 @@
+// The old path, kept for existing programs: the header is flowstate/tools/harness.h.
+#pragma once
+#include "flowstate/tools/harness.h"
