@@ -29,9 +29,9 @@
 
 #include "bench/bench_data.h"
 #include "flowstate/core/error.h"
-#include "flowstate/graph/harness.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/tools/harness.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

@@ -1,8 +1,8 @@
-// `flowstate bench`: measures a YAML pipeline with the benchmark harness (graph/harness.h):
+// `flowstate bench`: measures a YAML pipeline with the benchmark harness (tools/harness.h):
 // samples/s, MB/s, time to first batch, peak memory, and where the time went per stage.
 #include "cli/command.h"
 #include "flowstate/core/hash.h"
-#include "flowstate/graph/harness.h"
+#include "flowstate/tools/harness.h"
 
 namespace flowstate::cli {
 namespace {

@@ -1,5 +1,7 @@
 // `flowstate run`: consumes a YAML pipeline as a trainer would — with periodic checkpoints,
 // resume, skipped ranges, digests and provenance — and reports its throughput.
+// Over 600 lines: one command, whole — its usage text, its outputs (progress, line files,
+// signals) and its run in one function per step; nothing here serves another command.
 #include <signal.h>
 #include <unistd.h>
 
@@ -85,7 +87,7 @@ constexpr const char* kUsage =
 std::atomic<int> g_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
 
-// Only sets the flag: the main loop checks it between batches.
+// Only sets the flag: RunLoop::run checks it between batches.
 void on_signal(int sig) { g_signal.store(sig, std::memory_order_relaxed); }
 
 /// Installs the SIGTERM/SIGINT handlers for its lifetime. SA_RESETHAND: a second signal
@@ -276,7 +278,7 @@ std::uint64_t next_delivered(std::uint64_t step,
   return step;
 }
 
-/// Steps between the ranks' agreements on whether to stop (see run_ranks): the most batches a
+/// Steps between the ranks' agreements on whether to stop (see RunLoop::run): the most batches a
 /// signal waits for.
 constexpr std::uint64_t kAgreeEvery = 32;
 
@@ -307,39 +309,63 @@ std::uint64_t batch_bytes(const Batch& b) {
   return n;
 }
 
-int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> coordinator) {
-  Args args(argv,
-            {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
-             "--set", "--digests", "--provenance", "--workers", "--progress-interval", "--trace",
-             "--metrics", "--metrics-interval"},
-            {"--resume", "--overwrite"});
-  if (args.help()) {
-    std::fputs(kUsage, stdout);
-    return kExitOk;
-  }
+using Skips = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+
+/// The flags of `flowstate run` that need no pipeline.
+struct RunArgs {
+  std::string path;                      ///< the pipeline file
+  std::optional<std::uint64_t> steps;    ///< --steps
+  std::optional<std::uint64_t> workers;  ///< --workers (kAuto: auto)
+  double progress_interval = 10;         ///< --progress-interval
+  Skips skips;                           ///< --skip, as given
+};
+
+/// Reads and checks the pipeline file's name and the flags that need no pipeline.
+RunArgs parse_run_args(const Args& args) {
   if (args.positional().size() != 1)
     throw UsageError("expected one pipeline file, got " + std::to_string(args.positional().size()) +
                      " arguments");
-  const std::string path = args.positional()[0];
-  const std::optional<std::uint64_t> steps = args.uint("--steps");
+  RunArgs run;
+  run.path = args.positional()[0];
+  run.steps = args.uint("--steps");
   const bool auto_workers = args.value("--workers") == "auto";
-  const std::optional<std::uint64_t> workers =
+  run.workers =
       auto_workers ? std::optional<std::uint64_t>(kAuto) : args.uint("--workers", 1, 1024);
-  const double interval = static_cast<double>(args.uint("--progress-interval").value_or(10));
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> new_skips;
-  for (const auto& s : args.values("--skip")) new_skips.push_back(parse_skip(s));
+  run.progress_interval = static_cast<double>(args.uint("--progress-interval").value_or(10));
+  for (const auto& s : args.values("--skip")) run.skips.push_back(parse_skip(s));
+  return run;
+}
 
+/// The pipeline of `path` with the --set overrides; with --digests, kept in host memory.
+PipelineConfig load_run_pipeline(const Args& args, const std::string& path) {
   bool moved = false;
-  const PipelineConfig config = args.has("--digests")
-                                    ? load_pipeline_on_host(path, args.values("--set"), &moved)
-                                    : load_pipeline(path, args.values("--set"));
+  PipelineConfig config = args.has("--digests")
+                              ? load_pipeline_on_host(path, args.values("--set"), &moved)
+                              : load_pipeline(path, args.values("--set"));
   if (moved) note("--digests hashes host memory: device_copy delivers to the cpu in this run");
+  return config;
+}
 
-  const LaunchEnv env = launch_env("flowstate run");
-  const std::uint64_t rank = coordinator ? coordinator->rank() : env.rank.value_or(0);
-  const std::uint64_t world = coordinator ? coordinator->world() : env.world.value_or(1);
+/// Refuses a pipeline a node of which does not fit the launcher's rank and world (a shard
+/// resolved for another rank: NodeDef::check_launch).
+void check_ranks_match_launcher(const PipelineConfig& config, std::uint64_t rank,
+                                std::uint64_t world) {
   config.pipeline.check_launch(rank, world);
+}
 
+/// Where and how often a run checkpoints.
+struct CheckpointPlan {
+  std::string dir;            ///< {rank} replaced; empty: the run does not checkpoint
+  bool per_rank_dir = false;  ///< the directory was named with {rank}: each rank's own
+  std::uint64_t every = 0;    ///< checkpoint after each step whose (step+1) % every == 0
+  std::size_t keep = 0;       ///< the newest checkpoints kept (0: all)
+};
+
+/// The checkpoint flags over the pipeline's `checkpoint:`; refuses ranks that would share a
+/// directory without a coordinator, and checkpoint flags without a directory.
+CheckpointPlan plan_checkpoints(const Args& args, const PipelineConfig& config, std::uint64_t rank,
+                                std::uint64_t world,
+                                const std::shared_ptr<Coordinator>& coordinator) {
   std::string ckpt_dir = config.checkpoint ? config.checkpoint->dir : "";
   if (auto d = args.value("--checkpoint-dir")) ckpt_dir = *d;
   const bool per_rank_dir = ckpt_dir.find("{rank}") != std::string::npos;
@@ -364,47 +390,63 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
                      "the pipeline)");
   if (args.has("--resume") && args.has("--overwrite"))
     throw UsageError("--resume and --overwrite exclude each other");
-  if (!ckpt_dir.empty() && !args.has("--resume")) {
-    // A fresh run must not write its step-10 among another run's checkpoints: a resume would
-    // take theirs (or, pruned by `keep`, lose them).
-    const CheckpointEvidence evidence = find_checkpoint_evidence(ckpt_dir);
-    if (!evidence.empty() && !args.has("--overwrite"))
-      throw ConfigError(ckpt_dir, ckpt_dir + " holds checkpoints" +
-                                      (evidence.highest_step
-                                           ? " up to step " + std::to_string(*evidence.highest_step)
-                                           : std::string()) +
-                                      "; pass --resume to continue or --overwrite to discard them");
-    if (!evidence.empty()) {
-      remove_checkpoints(ckpt_dir);
-      note("discarded the checkpoints in '" + ckpt_dir + "' (--overwrite)");
-    }
-  }
+  return {ckpt_dir, per_rank_dir, every, keep};
+}
 
+/// Without --resume, refuses a checkpoint directory that holds checkpoints, or with
+/// --overwrite discards them.
+void refuse_or_discard_checkpoints(const Args& args, const std::string& ckpt_dir) {
+  if (ckpt_dir.empty() || args.has("--resume")) return;
+  // A fresh run must not write its step-10 among another run's checkpoints: a resume would
+  // take theirs (or, pruned by `keep`, lose them).
+  const CheckpointEvidence evidence = find_checkpoint_evidence(ckpt_dir);
+  if (!evidence.empty() && !args.has("--overwrite"))
+    throw ConfigError(ckpt_dir, ckpt_dir + " holds checkpoints" +
+                                    (evidence.highest_step
+                                         ? " up to step " + std::to_string(*evidence.highest_step)
+                                         : std::string()) +
+                                    "; pass --resume to continue or --overwrite to discard them");
+  if (!evidence.empty()) {
+    remove_checkpoints(ckpt_dir);
+    note("discarded the checkpoints in '" + ckpt_dir + "' (--overwrite)");
+  }
+}
+
+/// The Loader's options: the pipeline's, with the flags over them.
+LoaderOptions run_loader_options(const Args& args, const PipelineConfig& config, const RunArgs& run,
+                                 const CheckpointPlan& plan,
+                                 const std::shared_ptr<Coordinator>& coordinator) {
   LoaderOptions options;
   options.epochs = args.uint("--epochs").value_or(config.epochs);
-  if (workers) options.workers = static_cast<int>(*workers);
-  if (!per_rank_dir) options.coordinator = coordinator;
+  if (run.workers) options.workers = static_cast<int>(*run.workers);
+  if (!plan.per_rank_dir) options.coordinator = coordinator;
   options.trace = args.value("--trace").value_or("");
   options.metrics = args.value("--metrics").value_or("");
   if (auto m = args.value("--metrics-interval")) {
     options.metrics_interval_s = parse_seconds(*m, "--metrics-interval");
     if (options.metrics.empty()) throw UsageError("--metrics-interval needs --metrics FILE");
   }
-  Loader loader(config.pipeline, options);
+  return options;
+}
 
-  std::optional<std::uint64_t> checkpointed;  // steps consumed at the last checkpoint
-  if (args.has("--resume")) {
-    std::optional<CheckpointFound> found = loader.restore(ckpt_dir);
-    if (found) {
-      for (const auto& s : found->skipped) note("skipped checkpoint " + s);
-      note("resumed from " + found->path + ": continuing with step " + std::to_string(found->step));
-      checkpointed = found->step;
-    } else {
-      // (Checkpoints that all fail to verify are a CheckpointError, not a fresh start.)
-      note("no checkpoint in '" + ckpt_dir + "'; starting from the beginning");
-    }
+/// --resume: restores the newest checkpoint under `ckpt_dir` that verifies. Returns the steps
+/// it had consumed; nullopt for a fresh start.
+std::optional<std::uint64_t> resume(Loader& loader, const std::string& ckpt_dir) {
+  std::optional<CheckpointFound> found = loader.restore(ckpt_dir);
+  if (!found) {
+    // (Checkpoints that all fail to verify are a CheckpointError, not a fresh start.)
+    note("no checkpoint in '" + ckpt_dir + "'; starting from the beginning");
+    return std::nullopt;
   }
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> skips = loader.state_struct().skips;
+  for (const auto& s : found->skipped) note("skipped checkpoint " + s);
+  note("resumed from " + found->path + ": continuing with step " + std::to_string(found->step));
+  return found->step;
+}
+
+/// Skips the --skip ranges that the loader's state does not hold yet; returns every range the
+/// loader skips.
+Skips add_skips(Loader& loader, const Skips& new_skips) {
+  Skips skips = loader.state_struct().skips;
   for (const auto& [a, b] : new_skips) {
     const bool known = std::any_of(skips.begin(), skips.end(), [&, a = a, b = b](const auto& r) {
       return r.first <= a && b <= r.second;
@@ -413,125 +455,211 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
     loader.skip(a, b);
     skips = loader.state_struct().skips;
   }
+  return skips;
+}
+
+/// Consumes a run's batches — digests, provenance, progress and the periodic checkpoints of
+/// each — until the end of data, --steps or a signal, then writes the last checkpoint and
+/// reports.
+class RunLoop {
+ public:
+  RunLoop(Loader& loader, const LoaderOptions& options, const CheckpointPlan& plan,
+          const RunArgs& run, std::optional<std::uint64_t> checkpointed, Skips skips,
+          LineOutput& digests, LineOutput& provenance, Progress& progress)
+      : loader_(loader),
+        options_(options),
+        plan_(plan),
+        steps_(run.steps),
+        checkpointed_(checkpointed),
+        skips_(std::move(skips)),
+        digests_(digests),
+        provenance_(provenance),
+        progress_(progress),
+        last_(loader.last_step()) {}
+
+  /// Runs until the run stops; returns the signal that stopped it (0: none). With a
+  /// coordinator every rank stops at the same step.
+  int run() {
+    int stopped_by = 0;  // the signal that stopped the run
+    bool ended = false;  // the loader has no more batches
+    for (;;) {
+      const std::uint64_t next = next_delivered(last_ ? *last_ + 1 : 0, skips_);
+      const bool at_steps = steps_ && next >= *steps_;
+      int sig = g_signal.load();
+      bool all_done = ended || at_steps;
+      if (options_.coordinator) {
+        // The ranks stop at the same batch, so that their last checkpoint is of one step. They
+        // agree at every kAgreeEvery-th step and whenever one is done (end of data, --steps;
+        // in step on every rank but with uneven: allow): a signal (mpirun forwards it to every
+        // rank, each sees it at its own moment) stops all at the next agreement, and a rank
+        // that is done waits there for the others. One small collective per kAgreeEvery
+        // batches, in the same order as the checkpoints' on every rank.
+        if (all_done || next % kAgreeEvery == 0) {
+          const std::string mine = std::to_string(sig) + (all_done ? " done" : " more");
+          for (const auto& s : options_.coordinator->all_gather(mine)) {
+            if (sig == 0) sig = std::stoi(s);
+            all_done = all_done && s.ends_with(" done");
+          }
+        } else {
+          sig = 0;  // until the next agreement
+        }
+      }
+      if (all_done) {
+        reason_ = ended           ? "end of data"
+                  : batches_ == 0 ? "already at --steps " + std::to_string(*steps_)
+                                  : "reached --steps " + std::to_string(*steps_);
+        break;
+      }
+      if (sig != 0) {
+        reason_ = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        stopped_by = sig;
+        break;
+      }
+      if (ended || at_steps) continue;  // waiting for the other ranks
+      std::optional<Batch> b = loader_.next();
+      if (!b) {
+        ended = true;
+        continue;
+      }
+      consume(*b);
+    }
+    return stopped_by;
+  }
+
+  /// After run(): the checkpoint in flight committed, and one of the last delivered batch
+  /// when the last checkpoint is older.
+  void checkpoint_at_end() {
+    finish_pending();
+    progress_.clear();
+    if (!plan_.dir.empty() && last_ && checkpointed_ != *last_ + 1) {
+      last_checkpoint_ = loader_.save_checkpoint(plan_.dir, {.keep = plan_.keep});
+      note("checkpoint " + last_checkpoint_);
+    }
+  }
+
+  /// "run finished (REASON): ..." with the rates since `start`.
+  void report(Clock::time_point start, std::uint64_t rank, std::uint64_t world) const {
+    const double secs = std::max(seconds_since(start), 1e-9);
+    std::string summary = (world > 1 ? "rank " + std::to_string(rank) + ": " : std::string()) +
+                          "run finished (" + reason_ + "): " + std::to_string(batches_) +
+                          " batches";
+    if (first_step_)
+      summary += ", steps " + std::to_string(*first_step_) + ".." + std::to_string(*last_) +
+                 ", epoch " + std::to_string(*last_epoch_);
+    char rates[160];
+    std::snprintf(rates, sizeof(rates), ", %llu samples, %s in %.3f s (%ssamples/s, %s/s)",
+                  static_cast<unsigned long long>(samples_),
+                  format_bytes(static_cast<double>(bytes_)).c_str(), secs,
+                  format_count(static_cast<double>(samples_) / secs).c_str(),
+                  format_bytes(static_cast<double>(bytes_) / secs).c_str());
+    note(summary + rates);
+  }
+
+ private:
+  /// One delivered batch: counted, its digest and provenance lines, progress, and the
+  /// periodic checkpoint.
+  void consume(const Batch& batch) {
+    const Batch* b = &batch;
+    const BatchInfo& info = b->info;
+    last_ = info.step;
+    if (!first_step_) first_step_ = info.step;
+    last_epoch_ = info.epoch;
+    ++batches_;
+    samples_ += info.num_samples;
+    const std::uint64_t nbytes = batch_bytes(*b);
+    bytes_ += nbytes;
+    const std::string prefix = std::to_string(info.step) + " " + std::to_string(info.epoch) + " " +
+                               std::to_string(info.index_in_epoch);
+    if (digests_) digests_.write(prefix + " " + hex64(b->digest()));
+    if (provenance_) {
+      std::string line = prefix;
+      for (const Ref& r : info.refs) line += " " + r.to_string();
+      provenance_.write(line);
+    }
+    std::optional<std::uint64_t> total = steps_;
+    if (!total && options_.epochs > 0 && info.batches_in_epoch)
+      total = options_.epochs * *info.batches_in_epoch;
+    progress_.batch(*b, nbytes, total);
+    if (!plan_.dir.empty() && plan_.every > 0 && (info.step + 1) % plan_.every == 0)
+      checkpoint(info);
+  }
+
+  /// The periodic checkpoint after `info`'s batch: asynchronous, or collective on this thread.
+  void checkpoint(const BatchInfo& info) {
+    finish_pending();
+    if (options_.coordinator) {
+      // Collective: on this thread, in the same order as the per-batch stop check.
+      last_checkpoint_ = loader_.save_checkpoint(plan_.dir, {.keep = plan_.keep});
+      progress_.clear();
+      note("checkpoint " + last_checkpoint_);
+    } else {
+      pending_ = loader_.save_checkpoint_async(plan_.dir, {.keep = plan_.keep});
+    }
+    checkpointed_ = info.step + 1;
+  }
+
+  /// Waits for the asynchronous checkpoint in flight, if any.
+  void finish_pending() {
+    if (!pending_.valid()) return;
+    last_checkpoint_ = pending_.get();
+    progress_.clear();
+    note("checkpoint " + last_checkpoint_);
+  }
+
+  Loader& loader_;
+  const LoaderOptions& options_;
+  const CheckpointPlan& plan_;
+  const std::optional<std::uint64_t> steps_;
+  std::optional<std::uint64_t> checkpointed_;  // steps consumed at the last checkpoint
+  const Skips skips_;
+  LineOutput& digests_;
+  LineOutput& provenance_;
+  Progress& progress_;
+  std::optional<std::uint64_t> last_;  // the last delivered step
+  std::optional<std::uint64_t> first_step_, last_epoch_;
+  std::uint64_t batches_ = 0, samples_ = 0, bytes_ = 0;
+  std::future<std::string> pending_;
+  std::string last_checkpoint_;
+  std::string reason_;  // why run() stopped
+};
+
+int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> coordinator) {
+  Args args(argv,
+            {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
+             "--set", "--digests", "--provenance", "--workers", "--progress-interval", "--trace",
+             "--metrics", "--metrics-interval"},
+            {"--resume", "--overwrite"});
+  if (args.help()) {
+    std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  const RunArgs run = parse_run_args(args);
+  const PipelineConfig config = load_run_pipeline(args, run.path);
+
+  const LaunchEnv env = launch_env("flowstate run");
+  const std::uint64_t rank = coordinator ? coordinator->rank() : env.rank.value_or(0);
+  const std::uint64_t world = coordinator ? coordinator->world() : env.world.value_or(1);
+  check_ranks_match_launcher(config, rank, world);
+
+  const CheckpointPlan plan = plan_checkpoints(args, config, rank, world, coordinator);
+  refuse_or_discard_checkpoints(args, plan.dir);
+
+  const LoaderOptions options = run_loader_options(args, config, run, plan, coordinator);
+  Loader loader(config.pipeline, options);
+  std::optional<std::uint64_t> checkpointed;  // steps consumed at the last checkpoint
+  if (args.has("--resume")) checkpointed = resume(loader, plan.dir);
+  Skips skips = add_skips(loader, run.skips);
 
   LineOutput digests(with_rank(args.value("--digests"), rank), "--digests");
   LineOutput provenance(with_rank(args.value("--provenance"), rank), "--provenance");
   SignalScope signals;
-  Progress progress(interval);
+  Progress progress(run.progress_interval);
   const auto start = Clock::now();
-
-  std::optional<std::uint64_t> last = loader.last_step();
-  std::optional<std::uint64_t> first_step, last_epoch;
-  std::uint64_t batches = 0, samples = 0, bytes = 0;
-  std::future<std::string> pending;
-  std::string last_checkpoint;
-  auto finish_pending = [&] {
-    if (!pending.valid()) return;
-    last_checkpoint = pending.get();
-    progress.clear();
-    note("checkpoint " + last_checkpoint);
-  };
-
-  auto consume = [&](const Batch& batch) {
-    const Batch* b = &batch;
-    const BatchInfo& info = b->info;
-    last = info.step;
-    if (!first_step) first_step = info.step;
-    last_epoch = info.epoch;
-    ++batches;
-    samples += info.num_samples;
-    const std::uint64_t nbytes = batch_bytes(*b);
-    bytes += nbytes;
-    const std::string prefix = std::to_string(info.step) + " " + std::to_string(info.epoch) + " " +
-                               std::to_string(info.index_in_epoch);
-    if (digests) digests.write(prefix + " " + hex64(b->digest()));
-    if (provenance) {
-      std::string line = prefix;
-      for (const Ref& r : info.refs) line += " " + r.to_string();
-      provenance.write(line);
-    }
-    std::optional<std::uint64_t> total = steps;
-    if (!total && options.epochs > 0 && info.batches_in_epoch)
-      total = options.epochs * *info.batches_in_epoch;
-    progress.batch(*b, nbytes, total);
-    if (!ckpt_dir.empty() && every > 0 && (info.step + 1) % every == 0) {
-      finish_pending();
-      if (options.coordinator) {
-        // Collective: on this thread, in the same order as the per-batch stop check.
-        last_checkpoint = loader.save_checkpoint(ckpt_dir, {.keep = keep});
-        progress.clear();
-        note("checkpoint " + last_checkpoint);
-      } else {
-        pending = loader.save_checkpoint_async(ckpt_dir, {.keep = keep});
-      }
-      checkpointed = info.step + 1;
-    }
-  };
-
-  std::string reason;
-  int stopped_by = 0;  // the signal that stopped the run
-  bool ended = false;  // the loader has no more batches
-  for (;;) {
-    const std::uint64_t next = next_delivered(last ? *last + 1 : 0, skips);
-    const bool at_steps = steps && next >= *steps;
-    int sig = g_signal.load();
-    bool all_done = ended || at_steps;
-    if (options.coordinator) {
-      // The ranks stop at the same batch, so that their last checkpoint is of one step. They
-      // agree at every kAgreeEvery-th step and whenever one is done (end of data, --steps;
-      // in step on every rank but with uneven: allow): a signal (mpirun forwards it to every
-      // rank, each sees it at its own moment) stops all at the next agreement, and a rank that
-      // is done waits there for the others. One small collective per kAgreeEvery batches, in
-      // the same order as the checkpoints' on every rank.
-      if (all_done || next % kAgreeEvery == 0) {
-        const std::string mine = std::to_string(sig) + (all_done ? " done" : " more");
-        for (const auto& s : options.coordinator->all_gather(mine)) {
-          if (sig == 0) sig = std::stoi(s);
-          all_done = all_done && s.ends_with(" done");
-        }
-      } else {
-        sig = 0;  // until the next agreement
-      }
-    }
-    if (all_done) {
-      reason = ended          ? "end of data"
-               : batches == 0 ? "already at --steps " + std::to_string(*steps)
-                              : "reached --steps " + std::to_string(*steps);
-      break;
-    }
-    if (sig != 0) {
-      reason = std::string("interrupted by ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT");
-      stopped_by = sig;
-      break;
-    }
-    if (ended || at_steps) continue;  // waiting for the other ranks
-    std::optional<Batch> b = loader.next();
-    if (!b) {
-      ended = true;
-      continue;
-    }
-    consume(*b);
-  }
-  finish_pending();
-  progress.clear();
-  if (!ckpt_dir.empty() && last && checkpointed != *last + 1) {
-    last_checkpoint = loader.save_checkpoint(ckpt_dir, {.keep = keep});
-    note("checkpoint " + last_checkpoint);
-  }
-
-  const double secs = std::max(seconds_since(start), 1e-9);
-  std::string summary = (world > 1 ? "rank " + std::to_string(rank) + ": " : std::string()) +
-                        "run finished (" + reason + "): " + std::to_string(batches) + " batches";
-  if (first_step)
-    summary += ", steps " + std::to_string(*first_step) + ".." + std::to_string(*last) +
-               ", epoch " + std::to_string(*last_epoch);
-  char rates[160];
-  std::snprintf(rates, sizeof(rates), ", %llu samples, %s in %.3f s (%ssamples/s, %s/s)",
-                static_cast<unsigned long long>(samples),
-                format_bytes(static_cast<double>(bytes)).c_str(), secs,
-                format_count(static_cast<double>(samples) / secs).c_str(),
-                format_bytes(static_cast<double>(bytes) / secs).c_str());
-  note(summary + rates);
+  RunLoop loop(loader, options, plan, run, checkpointed, std::move(skips), digests, provenance,
+               progress);
+  const int stopped_by = loop.run();
+  loop.checkpoint_at_end();
+  loop.report(start, rank, world);
   // Stopped by a signal: the conventional 128 + signal, after the final checkpoint above.
   return stopped_by != 0 ? 128 + stopped_by : kExitOk;
 }

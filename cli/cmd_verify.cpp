@@ -1,10 +1,10 @@
 // `flowstate verify`: proves exact resume for the user's own YAML pipeline with
-// flowstate::verify (graph/verify.h): an uninterrupted run of N steps gives the reference
+// flowstate::verify (tools/verify.h): an uninterrupted run of N steps gives the reference
 // digests; checkpoints written through real files at random steps are each restored into a
 // fresh Loader (with another worker count) that runs on to step N, and every restored batch
 // must equal the reference. This file parses the flags and prints the report.
 #include "cli/command.h"
-#include "flowstate/graph/verify.h"
+#include "flowstate/tools/verify.h"
 
 namespace flowstate::cli {
 namespace {

@@ -1,15 +1,19 @@
 # An installable, find_package-able flowstate: `find_package(flowstate CONFIG REQUIRED)`, then
 # link flowstate::flowstate (or a layer: flowstate::core, ::serialization, ::nodes, ::graph,
-# ::config). tests/package/ is a consumer project that CI builds against an installed tree.
+# ::config; ::tools, above ::graph, holds verify, the bench harness, the save/restore oracle and
+# GradientAccumulator). tests/package/ is a consumer project that CI builds against an
+# installed tree.
 include(CMakePackageConfigHelpers)
 # Headers as the build tree has them: <flowstate/core/tensor.h>, <flowstate/flowstate.h>.
-# config/yaml_support.h (it includes yaml-cpp, a private dependency) and graph/loader_runtime*.h
-# (the Loader's TBB graph) are internal.
-install(DIRECTORY core serialization nodes graph config
+# config/yaml_support.h (it includes yaml-cpp, a private dependency), graph/loader_runtime*.h
+# (the Loader's TBB graph) and serialization/checkpoint_internal.h (what the checkpoint
+# protocol's files share) are internal.
+install(DIRECTORY core serialization nodes graph tools config
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate
         FILES_MATCHING PATTERN "*.h" PATTERN "yaml_support.h" EXCLUDE
         PATTERN "loader_runtime.h" EXCLUDE
-        PATTERN "loader_runtime_parts.h" EXCLUDE)
+        PATTERN "loader_runtime_parts.h" EXCLUDE
+        PATTERN "checkpoint_internal.h" EXCLUDE)
 install(FILES flowstate.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate)
 if(FLOWSTATE_HAVE_MPI)
   install(DIRECTORY mpi DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/flowstate FILES_MATCHING PATTERN "*.h")

@@ -28,10 +28,10 @@
 #endif
 
 #include "flowstate/core/error.h"
-#include "flowstate/graph/accumulate.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/iterable.h"
+#include "flowstate/tools/accumulate.h"
 
 namespace fs = std::filesystem;
 using namespace flowstate;

@@ -26,11 +26,11 @@
 #include "flowstate/config/yaml.h"
 #include "flowstate/core/coordinator.h"
 #include "flowstate/core/error.h"
-#include "flowstate/graph/accumulate.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/device_copy.h"
 #include "flowstate/nodes/sources/iterable.h"
+#include "flowstate/tools/accumulate.h"
 
 namespace py = pybind11;
 

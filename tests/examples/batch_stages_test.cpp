@@ -1,7 +1,7 @@
 // The example plugin's nodes after batch (examples/plugin/batch_stages.cpp) — `slice`, a stage
 // in the spine like shard after batch, and `checksum`, a batch-time stage like device_copy —
 // compiled into this test as C++ pipeline nodes: what they do, where they may stand, and the
-// library's save/restore oracle (graph/testing.h). The plugin library itself runs under
+// library's save/restore oracle (tools/testing.h). The plugin library itself runs under
 // `flowstate verify` in tests/cli/plugin_test.cpp.
 #include "examples/plugin/batch_stages.h"
 
@@ -11,8 +11,8 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
-#include "flowstate/graph/testing.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/tools/testing.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -1,5 +1,5 @@
 // The example plugin's `take` node (examples/plugin/take.cpp), compiled into this test as
-// a C++ pipeline node, and checked with the library's save/restore oracle (graph/testing.h).
+// a C++ pipeline node, and checked with the library's save/restore oracle (tools/testing.h).
 #include "examples/plugin/take.h"
 
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
-#include "flowstate/graph/testing.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/tools/testing.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {

@@ -1,6 +1,8 @@
 // from_range / from_producer: user types as sources (DESIGN.md §9). Every kind of source runs
 // the save/restore oracle with its values exposed to the batch digest, and the unknown-length
 // sources are checked for exact BatchInfo.
+// Over 600 lines: every kind of user source (index, save_load, replay, producer, unknown
+// length) with its oracle run, and the Collate and stream-shuffle cases they share.
 #include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/iterable.h"
 

@@ -1,3 +1,5 @@
+// The lines source and its index cache. Over 600 lines: one source's many cases (files, line
+// endings, JSON lines, restores, every error text) and the index cache's rebuild rules.
 #include "flowstate/nodes/sources/lines.h"
 #include "flowstate/nodes/builtin.h"
 

@@ -1,5 +1,7 @@
 // The on-disk checkpoint format (serialization/checkpoint.h): layout, verification of every
 // file, fallback, crash debris, replacement and pruning.
+// Over 600 lines: one API (checkpoint.h) whose every file and crash state has a case, all on
+// one fixture; the multi-rank commit is in group_checkpoint_test.cpp.
 #include "flowstate/serialization/checkpoint.h"
 
 #include <gmock/gmock.h>

@@ -5,6 +5,7 @@
 //   which runs the CUDA code path everywhere, checks API use strictly, injects errors and
 //   counts leaks (the tests under FLOWSTATE_FAKE_CUDART).
 // The no-device behaviour is tested in tests/nodes/device_copy_test.cpp.
+// Over 600 lines: one node's device path, every case of it, shared by the two builds above.
 #include <cuda_runtime_api.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
-// The save/restore oracle of graph/testing.h: what its report says of a node that restores
+// The save/restore oracle of tools/testing.h: what its report says of a node that restores
 // exactly, and of one that forgets part of its state.
-#include "flowstate/graph/testing.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/tools/testing.h"
 
 #include <gtest/gtest.h>
 

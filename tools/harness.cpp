@@ -1,4 +1,4 @@
-#include "flowstate/graph/harness.h"
+#include "flowstate/tools/harness.h"
 
 #include <sys/resource.h>
 

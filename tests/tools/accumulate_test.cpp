@@ -1,6 +1,6 @@
 // GradientAccumulator: windows, forced steps at epoch ends, sample-weighted scaling, and the
 // same windows after a resume mid-window.
-#include "flowstate/graph/accumulate.h"
+#include "flowstate/tools/accumulate.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

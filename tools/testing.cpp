@@ -1,4 +1,4 @@
-#include "flowstate/graph/testing.h"
+#include "flowstate/tools/testing.h"
 
 #include <exception>
 #include <ostream>

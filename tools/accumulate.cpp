@@ -1,4 +1,4 @@
-#include "flowstate/graph/accumulate.h"
+#include "flowstate/tools/accumulate.h"
 
 #include <string>
 

@@ -1,7 +1,7 @@
 // flowstate::verify on pipelines built in C++: a from_range source with lambda maps resumes
 // exactly and passes; a map whose output depends on a process-wide counter (different on
 // every run) is caught; bad options are ConfigErrors with their exact text.
-#include "flowstate/graph/verify.h"
+#include "flowstate/tools/verify.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The bench harness's verdict: the bottleneck line from the stages and nodes of the median run.
-#include "flowstate/graph/harness.h"
+#include "flowstate/tools/harness.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "flowstate/graph/verify.h"
+#include "flowstate/tools/verify.h"
 
 #include <stdlib.h>
 
