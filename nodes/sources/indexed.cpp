@@ -165,13 +165,10 @@ std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
 }
 
 const NodeDef& indexed_node() {
-  static const NodeDef def = define_node<IndexedOptions>(
+  static const NodeDef def = define_file_source<IndexedSource, IndexedOptions>(
       {.type = "indexed",
-       .phase = Phase::kSource,
        .doc = "Megatron-LM indexed data sets (PREFIX.idx + PREFIX.bin), memory-mapped; a "
-              "record is a document or a sequence of tokens"},
-      [](BuildContext& ctx, const IndexedOptions& o) { add_file_source<IndexedSource>(ctx, o); },
-      inspect_file_source);
+              "record is a document or a sequence of tokens"});
   return def;
 }
 

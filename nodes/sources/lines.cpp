@@ -232,12 +232,9 @@ void LinesOptions::validate() const {
 }
 
 const NodeDef& lines_node() {
-  static const NodeDef def = define_node<LinesOptions>(
+  static const NodeDef def = define_file_source<LinesSource, LinesOptions>(
       {.type = "lines",
-       .phase = Phase::kSource,
-       .doc = "text or JSON Lines shards; a byte-offset index is cached beside each file"},
-      [](BuildContext& ctx, const LinesOptions& o) { add_file_source<LinesSource>(ctx, o); },
-      inspect_file_source);
+       .doc = "text or JSON Lines shards; a byte-offset index is cached beside each file"});
   return def;
 }
 

@@ -8,12 +8,9 @@
 namespace flowstate {
 
 const NodeDef& records_node() {
-  static const NodeDef def = define_node<RecordsOptions>(
+  static const NodeDef def = define_file_source<RecordsSource, RecordsOptions>(
       {.type = "records",
-       .phase = Phase::kSource,
-       .doc = "fixed-size records in shard files (e.g. token .bin files), memory-mapped"},
-      [](BuildContext& ctx, const RecordsOptions& o) { add_file_source<RecordsSource>(ctx, o); },
-      inspect_file_source);
+       .doc = "fixed-size records in shard files (e.g. token .bin files), memory-mapped"});
   return def;
 }
 

@@ -245,13 +245,10 @@ void TarOptions::validate() const {
 }
 
 const NodeDef& tar_node() {
-  static const NodeDef def = define_node<TarOptions>(
+  static const NodeDef def = define_file_source<TarSource, TarOptions>(
       {.type = "tar",
-       .phase = Phase::kSource,
        .doc = "WebDataset-style tar shards: members grouped by key into samples, fields by "
-              "extension"},
-      [](BuildContext& ctx, const TarOptions& o) { add_file_source<TarSource>(ctx, o); },
-      inspect_file_source);
+              "extension"});
   return def;
 }
 
