@@ -38,6 +38,10 @@
 namespace flowstate::cli {
 namespace {
 
+#include "flowstate/nodes/sources/indexed.h"
+#include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/sources/records.h"
+#include "flowstate/nodes/sources/tar.h"
 constexpr const char* kUsage =
     "usage: flowstate gen records --out DIR --records N --record-bytes R [--shards S]\n"
     "                             [--seed X]\n"
@@ -335,40 +339,6 @@ int gen_lines(const Args& args) {
   return kExitOk;
 }
 
-constexpr std::size_t kTarBlock = 512;
-
-/// Writes `value` as `width - 1` octal digits and a NUL, as ustar numeric fields are.
-void put_octal(char* field, std::size_t width, std::uint64_t value) {
-  for (std::size_t k = width - 1; k-- > 0; value >>= 3)
-    field[k] = static_cast<char>('0' + (value & 7));
-  field[width - 1] = '\0';
-}
-
-/// Appends a ustar member: its header (mode 0644, owner 0, mtime 0, so archives are
-/// reproducible), then `data` padded with NULs to whole blocks.
-void append_member(std::string& out, const std::string& name, std::string_view data) {
-  char h[kTarBlock] = {};
-  std::memcpy(h, name.data(), std::min<std::size_t>(name.size(), 100));  // names are short
-  put_octal(h + 100, 8, 0644);                                           // mode
-  put_octal(h + 108, 8, 0);                                              // uid
-  put_octal(h + 116, 8, 0);                                              // gid
-  put_octal(h + 124, 12, data.size());                                   // size
-  put_octal(h + 136, 12, 0);                                             // mtime
-  h[156] = '0';                                                          // a regular file
-  std::memcpy(h + 257, "ustar", 6);                                      // magic "ustar\0"
-  std::memcpy(h + 263, "00", 2);                                         // version
-  put_octal(h + 329, 8, 0);                                              // devmajor
-  put_octal(h + 337, 8, 0);                                              // devminor
-  // The checksum sums the header's bytes (unsigned) with its own field read as spaces.
-  std::memset(h + 148, ' ', 8);
-  std::uint64_t sum = 0;
-  for (char c : h) sum += static_cast<unsigned char>(c);
-  put_octal(h + 148, 7, sum);  // six digits and a NUL; the space stays
-  out.append(h, kTarBlock);
-  out.append(data);
-  out.append((kTarBlock - data.size() % kTarBlock) % kTarBlock, '\0');
-}
-
 int gen_tar(const Args& args) {
   const std::filesystem::path dir = args.required("--out");
   args.required("--samples");
@@ -388,11 +358,11 @@ int gen_tar(const Args& args) {
           const std::string doc = document(rng);
           char key[24];
           std::snprintf(key, sizeof(key), "%09llu", static_cast<unsigned long long>(i));
-          append_member(buf, std::string(key) + ".tokens", doc);
-          append_member(buf, std::string(key) + ".cls", std::to_string(rng.below(10)));
+          append_tar_member(buf, std::string(key) + ".tokens", doc);
+          append_tar_member(buf, std::string(key) + ".cls", std::to_string(rng.below(10)));
           file.flush(buf);
         }
-        buf.append(2 * kTarBlock, '\0');  // the end of the archive
+        append_tar_end(buf);
         file.flush(buf, true);
         file.commit();
         return file.bytes();
