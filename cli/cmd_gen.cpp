@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -30,6 +29,7 @@
 #include <utility>
 
 #include "cli/command.h"
+#include <span>
 #include "flowstate/core/error.h"
 #include "flowstate/core/fd.h"
 #include "flowstate/core/rng.h"
@@ -228,21 +228,6 @@ void report(std::uint64_t items, const std::string& what, std::uint64_t bytes, s
 
 // ---- records ----
 
-void put_le(std::byte* dst, std::uint64_t v, std::size_t n) {
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(dst, &v, n);
-  } else {
-    for (std::size_t k = 0; k < n; ++k) dst[k] = static_cast<std::byte>(v >> (8 * k));
-  }
-}
-
-void fill_record(std::byte* dst, std::uint64_t index, std::size_t record_bytes,
-                 std::uint64_t seed) {
-  put_le(dst, index, std::min<std::size_t>(8, record_bytes));
-  for (std::size_t b = 8; b < record_bytes; b += 8)
-    put_le(dst + b, philox64(seed, index, b / 8), std::min<std::size_t>(8, record_bytes - b));
-}
-
 int gen_records(const Args& args) {
   const std::filesystem::path dir = args.required("--out");
   const std::uint64_t records = parse_uint(args.required("--records"), "--records");
@@ -254,19 +239,12 @@ int gen_records(const Args& args) {
   prepare_dir(dir, layout, shards);
 
   const auto start = std::chrono::steady_clock::now();
-  const std::size_t size = static_cast<std::size_t>(record_bytes);
-  const std::size_t per_chunk = std::max<std::size_t>(1, kChunkBytes / size);
   const std::uint64_t bytes =
       write_shards(records, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
         AtomicFile file(dir, layout.name(shard));
-        std::vector<std::byte> buf(std::min<std::uint64_t>(per_chunk, end - begin) * size);
-        for (std::uint64_t i = begin; i < end;) {
-          const std::size_t n =
-              static_cast<std::size_t>(std::min<std::uint64_t>(per_chunk, end - i));
-          for (std::size_t r = 0; r < n; ++r) fill_record(buf.data() + r * size, i + r, size, seed);
-          file.write(buf.data(), n * size);
-          i += n;
-        }
+        generate_synthetic_records(
+            begin, end, static_cast<std::size_t>(record_bytes), seed,
+            [&](std::span<const std::byte> chunk) { file.write(chunk.data(), chunk.size()); });
         file.commit();
         return file.bytes();
       });
