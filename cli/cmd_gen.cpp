@@ -297,16 +297,12 @@ int gen_lines(const Args& args) {
           ElementRng rng = document_rng(seed, Corpus::kLines, i);
           const std::string doc = document(rng);
           if (!jsonl) {
-            buf += doc;
+        std::vector<std::int64_t> tokens;
+            append_line(buf, doc);
           } else {
-            buf += "{\"id\": " + std::to_string(i) + ", \"tokens\": [";
-            for (std::size_t j = 0; j < doc.size(); ++j) {
-              if (j > 0) buf += ", ";
-              buf += std::to_string(static_cast<unsigned char>(doc[j]));
-            }
-            buf += "]}";
+            tokens.assign(doc.begin(), doc.end());  // letters and spaces: no negative char
+            append_jsonl_tokens(buf, i, tokens);
           }
-          buf += '\n';
           file.flush(buf);
         }
         file.flush(buf, true);

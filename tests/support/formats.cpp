@@ -35,10 +35,11 @@ std::string pax_record(std::string_view key, std::string_view value) {
 void write_lines(const std::string& path, const std::vector<std::string>& lines,
                  LinesWriteOptions options) {
   std::string text;
-  for (std::size_t i = 0; i < lines.size(); ++i) {
-    text += lines[i];
-    if (i + 1 < lines.size() || options.final_newline) text += options.crlf ? "\r\n" : "\n";
-  }
+  for (std::size_t i = 0; i < lines.size(); ++i)
+    append_line(text, lines[i],
+                i + 1 == lines.size() && !options.final_newline ? LineEnd::kNone
+                : options.crlf                                  ? LineEnd::kCrLf
+                                                                : LineEnd::kLf);
   write_file(path, text);
 }
 
