@@ -4,7 +4,11 @@
 //
 // records: record i starts with i as a little-endian uint64 (truncated when the record is
 // shorter), followed by philox64(seed, i, k) for the k-th further 8 bytes, little-endian: the
-// layout of tests/support's write_records, so tests and benchmarks can check what they read.
+// synthetic records of nodes/sources/records.h, which tests and benchmarks write too, so they
+// can check what they read.
+//
+// Each format is written by the writer beside its reader (nodes/sources/: records.h, lines.h,
+// tar.h, indexed.h); this file adds the documents, the shard files and their layout.
 //
 // lines and tar: document i is drawn from ElementRng(seed, i, corpus << 32), where the corpus
 // is 1 for lines and 2 for tar (the two formats hold different documents for one seed). Its
@@ -25,23 +29,23 @@
 #include <functional>
 #include <mutex>
 #include <set>
+#include <span>
 #include <thread>
 #include <utility>
 
 #include "cli/command.h"
-#include <span>
 #include "flowstate/core/error.h"
 #include "flowstate/core/fd.h"
 #include "flowstate/core/rng.h"
 #include "flowstate/nodes/sources/index_cache.h"
-
-namespace flowstate::cli {
-namespace {
-
 #include "flowstate/nodes/sources/indexed.h"
 #include "flowstate/nodes/sources/lines.h"
 #include "flowstate/nodes/sources/records.h"
 #include "flowstate/nodes/sources/tar.h"
+
+namespace flowstate::cli {
+namespace {
+
 constexpr const char* kUsage =
     "usage: flowstate gen records --out DIR --records N --record-bytes R [--shards S]\n"
     "                             [--seed X]\n"
@@ -293,11 +297,11 @@ int gen_lines(const Args& args) {
       write_shards(docs, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
         AtomicFile file(dir, layout.name(shard));
         std::string buf;
+        std::vector<std::int64_t> tokens;
         for (std::uint64_t i = begin; i < end; ++i) {
           ElementRng rng = document_rng(seed, Corpus::kLines, i);
           const std::string doc = document(rng);
           if (!jsonl) {
-        std::vector<std::int64_t> tokens;
             append_line(buf, doc);
           } else {
             tokens.assign(doc.begin(), doc.end());  // letters and spaces: no negative char
@@ -366,8 +370,8 @@ int gen_indexed(const Args& args) {
   const std::string dtype_arg = args.value("--dtype").value_or("uint16");
   if (dtype_arg != "uint16" && dtype_arg != "int32")
     throw UsageError("--dtype: expected uint16 or int32, got '" + dtype_arg + "'");
-  const bool wide = dtype_arg == "int32";
-  const std::size_t item = wide ? 4 : 2;
+  const DType dtype = dtype_arg == "int32" ? DType::kInt32 : DType::kUInt16;
+  const std::size_t item = dtype_size(dtype);
   constexpr std::uint64_t kVocab = 50257;  // GPT-2's; token 0 is left free for a separator
   const std::filesystem::path dir =
       prefix.has_parent_path() ? prefix.parent_path() : std::filesystem::path(".");
@@ -398,25 +402,11 @@ int gen_indexed(const Args& args) {
     bin.commit();
   }
   AtomicFile idx(dir, base + ".idx");
-  std::string out("MMIDIDX\0\0", 9);
-  auto put = [&](std::uint64_t v, std::size_t n) {
-    for (std::size_t k = 0; k < n; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
-  };
-  put(1, 8);             // version
-  put(wide ? 4 : 8, 1);  // dtype code: int32 4, uint16 8
-  put(docs, 8);          // sequences: one per document
-  put(docs + 1, 8);      // document index entries
-  for (auto n : lengths) put(static_cast<std::uint32_t>(n), 4);
-  std::uint64_t at = 0;
-  for (auto n : lengths) {
-    put(at, 8);
-    at += static_cast<std::uint64_t>(n) * item;
-  }
-  for (std::uint64_t d = 0; d <= docs; ++d) put(d, 8);
-  idx.write(out.data(), out.size());
+  const std::string index = megatron_index(dtype, lengths);  // a sequence per document
+  idx.write(index.data(), index.size());
   idx.commit();
   report(docs, "documents of " + std::to_string(tokens) + " " + dtype_arg + " tokens",
-         at + out.size(), 2, dir, base + ".{bin,idx}", start);
+         tokens * item + index.size(), 2, dir, base + ".{bin,idx}", start);
   return kExitOk;
 }
 
