@@ -27,8 +27,8 @@
 //
 //   std::string text;
 //   append_line(text, "one");
-//   append_jsonl_tokens(text, 42, std::vector<std::int64_t>{5, 7});  // {"id": 42, "tokens": [5,
-//   7]}
+//   const std::vector<std::int64_t> tokens{5, 7};
+//   append_jsonl_tokens(text, 42, tokens);  // {"id": 42, "tokens": [5, 7]}
 #pragma once
 
 #include <cstdint>

@@ -5,8 +5,8 @@
 //   RecordsOptions o{.paths = {"data/train-*.bin"}, .record_bytes = 1024};
 //
 // Writing: a records file is its records end to end, nothing else. The synthetic records of
-// `flowstate gen records` — which the tests, benchmarks and fuzzers generate too — are made
-// here, so every data set of that layout holds the same bytes:
+// `flowstate gen records` — which the tests and benchmarks generate too — are made here, so
+// every data set of that layout holds the same bytes:
 //
 //   write_synthetic_records("data/part-00000.bin", 0, 1000, 1024, /*seed=*/7);
 #pragma once
