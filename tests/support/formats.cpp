@@ -73,6 +73,9 @@ std::vector<TarOffsets> write_tar(const std::string& path, const std::vector<Tar
           break;
         }
       }
+      // After a long-name or pax header, the member's own header holds the name's first 100
+      // bytes, as GNU tar writes it.
+      if (options.format != TarFormat::kUstar) name = name.substr(0, 100);
     }
     at.header = out.size();
     append_header(out, name, prefix, m.data.size(), m.type, options.format);
