@@ -9,13 +9,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 #include <vector>
 
-#include "flowstate/core/rng.h"
 #include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/records.h"
 
 namespace flowstate::bench {
 
@@ -39,8 +38,6 @@ ScratchDir::~ScratchDir() {
 std::string write_records(const std::string& dir, std::uint64_t records, std::size_t record_bytes,
                           std::size_t shards) {
   fs::create_directories(dir);
-  constexpr std::size_t kBlockRecords = 1024;
-  std::vector<char> block(record_bytes * kBlockRecords);
   for (std::size_t s = 0; s < shards; ++s) {
     char name[32];
     std::snprintf(name, sizeof(name), "part-%05zu.bin", s);
@@ -48,21 +45,8 @@ std::string write_records(const std::string& dir, std::uint64_t records, std::si
     const std::uint64_t begin = records * s / shards, end = records * (s + 1) / shards;
     std::error_code ec;
     if (fs::file_size(path, ec) == (end - begin) * record_bytes && !ec) continue;
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    std::size_t used = 0;
-    for (std::uint64_t i = begin; i < end; ++i) {
-      char* rec = block.data() + used;
-      for (std::size_t b = 0; b < record_bytes; b += 8) {
-        std::uint64_t v = b == 0 ? i : philox64(7, i, b / 8);
-        std::memcpy(rec + b, &v, std::min<std::size_t>(8, record_bytes - b));
-      }
-      used += record_bytes;
-      if (used == block.size() || i + 1 == end) {
-        out.write(block.data(), static_cast<std::streamsize>(used));
-        used = 0;
-      }
-    }
-    if (!out) throw std::runtime_error("cannot write " + path.string());
+    // A DataError (a std::runtime_error) names the file when it cannot be written.
+    write_synthetic_records(path.string(), begin, end, record_bytes, /*seed=*/7);
   }
   return (fs::path(dir) / "part-*.bin").string();
 }

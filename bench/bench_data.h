@@ -36,8 +36,9 @@ class ScratchDir {
 };
 
 /// Writes `records` records of `record_bytes` bytes into `shards` files part-00000.bin, ...
-/// under `dir` (created if needed) and returns the glob matching them. Record i starts with i
-/// as a little-endian uint64; the rest is deterministic noise. A file that already has the
+/// under `dir` (created if needed) and returns the glob matching them: the synthetic records
+/// of nodes/sources/records.h with seed 7. Record i starts with i as a little-endian uint64;
+/// the rest is deterministic noise. A file that already has the
 /// right size is kept, so repeated runs reuse the data (and its page cache). Throws
 /// std::runtime_error on I/O failure.
 std::string write_records(const std::string& dir, std::uint64_t records, std::size_t record_bytes,

@@ -4,7 +4,11 @@
 //
 // records: record i starts with i as a little-endian uint64 (truncated when the record is
 // shorter), followed by philox64(seed, i, k) for the k-th further 8 bytes, little-endian: the
-// layout of tests/support's write_records, so tests and benchmarks can check what they read.
+// synthetic records of nodes/sources/records.h, which tests and benchmarks write too, so they
+// can check what they read.
+//
+// Each format is written by the writer beside its reader (nodes/sources/: records.h, lines.h,
+// tar.h, indexed.h); this file adds the documents, the shard files and their layout.
 //
 // lines and tar: document i is drawn from ElementRng(seed, i, corpus << 32), where the corpus
 // is 1 for lines and 2 for tar (the two formats hold different documents for one seed). Its
@@ -16,7 +20,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -26,6 +29,7 @@
 #include <functional>
 #include <mutex>
 #include <set>
+#include <span>
 #include <thread>
 #include <utility>
 
@@ -34,6 +38,10 @@
 #include "flowstate/core/fd.h"
 #include "flowstate/core/rng.h"
 #include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/indexed.h"
+#include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/sources/records.h"
+#include "flowstate/nodes/sources/tar.h"
 
 namespace flowstate::cli {
 namespace {
@@ -224,21 +232,6 @@ void report(std::uint64_t items, const std::string& what, std::uint64_t bytes, s
 
 // ---- records ----
 
-void put_le(std::byte* dst, std::uint64_t v, std::size_t n) {
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(dst, &v, n);
-  } else {
-    for (std::size_t k = 0; k < n; ++k) dst[k] = static_cast<std::byte>(v >> (8 * k));
-  }
-}
-
-void fill_record(std::byte* dst, std::uint64_t index, std::size_t record_bytes,
-                 std::uint64_t seed) {
-  put_le(dst, index, std::min<std::size_t>(8, record_bytes));
-  for (std::size_t b = 8; b < record_bytes; b += 8)
-    put_le(dst + b, philox64(seed, index, b / 8), std::min<std::size_t>(8, record_bytes - b));
-}
-
 int gen_records(const Args& args) {
   const std::filesystem::path dir = args.required("--out");
   const std::uint64_t records = parse_uint(args.required("--records"), "--records");
@@ -250,19 +243,12 @@ int gen_records(const Args& args) {
   prepare_dir(dir, layout, shards);
 
   const auto start = std::chrono::steady_clock::now();
-  const std::size_t size = static_cast<std::size_t>(record_bytes);
-  const std::size_t per_chunk = std::max<std::size_t>(1, kChunkBytes / size);
   const std::uint64_t bytes =
       write_shards(records, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
         AtomicFile file(dir, layout.name(shard));
-        std::vector<std::byte> buf(std::min<std::uint64_t>(per_chunk, end - begin) * size);
-        for (std::uint64_t i = begin; i < end;) {
-          const std::size_t n =
-              static_cast<std::size_t>(std::min<std::uint64_t>(per_chunk, end - i));
-          for (std::size_t r = 0; r < n; ++r) fill_record(buf.data() + r * size, i + r, size, seed);
-          file.write(buf.data(), n * size);
-          i += n;
-        }
+        generate_synthetic_records(
+            begin, end, static_cast<std::size_t>(record_bytes), seed,
+            [&](std::span<const std::byte> chunk) { file.write(chunk.data(), chunk.size()); });
         file.commit();
         return file.bytes();
       });
@@ -311,20 +297,16 @@ int gen_lines(const Args& args) {
       write_shards(docs, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
         AtomicFile file(dir, layout.name(shard));
         std::string buf;
+        std::vector<std::int64_t> tokens;
         for (std::uint64_t i = begin; i < end; ++i) {
           ElementRng rng = document_rng(seed, Corpus::kLines, i);
           const std::string doc = document(rng);
           if (!jsonl) {
-            buf += doc;
+            append_line(buf, doc);
           } else {
-            buf += "{\"id\": " + std::to_string(i) + ", \"tokens\": [";
-            for (std::size_t j = 0; j < doc.size(); ++j) {
-              if (j > 0) buf += ", ";
-              buf += std::to_string(static_cast<unsigned char>(doc[j]));
-            }
-            buf += "]}";
+            tokens.assign(doc.begin(), doc.end());  // letters and spaces: no negative char
+            append_jsonl_tokens(buf, i, tokens);
           }
-          buf += '\n';
           file.flush(buf);
         }
         file.flush(buf, true);
@@ -333,40 +315,6 @@ int gen_lines(const Args& args) {
       });
   report(docs, "documents", bytes, shards, dir, layout.files(), start);
   return kExitOk;
-}
-
-constexpr std::size_t kTarBlock = 512;
-
-/// Writes `value` as `width - 1` octal digits and a NUL, as ustar numeric fields are.
-void put_octal(char* field, std::size_t width, std::uint64_t value) {
-  for (std::size_t k = width - 1; k-- > 0; value >>= 3)
-    field[k] = static_cast<char>('0' + (value & 7));
-  field[width - 1] = '\0';
-}
-
-/// Appends a ustar member: its header (mode 0644, owner 0, mtime 0, so archives are
-/// reproducible), then `data` padded with NULs to whole blocks.
-void append_member(std::string& out, const std::string& name, std::string_view data) {
-  char h[kTarBlock] = {};
-  std::memcpy(h, name.data(), std::min<std::size_t>(name.size(), 100));  // names are short
-  put_octal(h + 100, 8, 0644);                                           // mode
-  put_octal(h + 108, 8, 0);                                              // uid
-  put_octal(h + 116, 8, 0);                                              // gid
-  put_octal(h + 124, 12, data.size());                                   // size
-  put_octal(h + 136, 12, 0);                                             // mtime
-  h[156] = '0';                                                          // a regular file
-  std::memcpy(h + 257, "ustar", 6);                                      // magic "ustar\0"
-  std::memcpy(h + 263, "00", 2);                                         // version
-  put_octal(h + 329, 8, 0);                                              // devmajor
-  put_octal(h + 337, 8, 0);                                              // devminor
-  // The checksum sums the header's bytes (unsigned) with its own field read as spaces.
-  std::memset(h + 148, ' ', 8);
-  std::uint64_t sum = 0;
-  for (char c : h) sum += static_cast<unsigned char>(c);
-  put_octal(h + 148, 7, sum);  // six digits and a NUL; the space stays
-  out.append(h, kTarBlock);
-  out.append(data);
-  out.append((kTarBlock - data.size() % kTarBlock) % kTarBlock, '\0');
 }
 
 int gen_tar(const Args& args) {
@@ -388,11 +336,11 @@ int gen_tar(const Args& args) {
           const std::string doc = document(rng);
           char key[24];
           std::snprintf(key, sizeof(key), "%09llu", static_cast<unsigned long long>(i));
-          append_member(buf, std::string(key) + ".tokens", doc);
-          append_member(buf, std::string(key) + ".cls", std::to_string(rng.below(10)));
+          append_tar_member(buf, std::string(key) + ".tokens", doc);
+          append_tar_member(buf, std::string(key) + ".cls", std::to_string(rng.below(10)));
           file.flush(buf);
         }
-        buf.append(2 * kTarBlock, '\0');  // the end of the archive
+        append_tar_end(buf);
         file.flush(buf, true);
         file.commit();
         return file.bytes();
@@ -422,8 +370,8 @@ int gen_indexed(const Args& args) {
   const std::string dtype_arg = args.value("--dtype").value_or("uint16");
   if (dtype_arg != "uint16" && dtype_arg != "int32")
     throw UsageError("--dtype: expected uint16 or int32, got '" + dtype_arg + "'");
-  const bool wide = dtype_arg == "int32";
-  const std::size_t item = wide ? 4 : 2;
+  const DType dtype = dtype_arg == "int32" ? DType::kInt32 : DType::kUInt16;
+  const std::size_t item = dtype_size(dtype);
   constexpr std::uint64_t kVocab = 50257;  // GPT-2's; token 0 is left free for a separator
   const std::filesystem::path dir =
       prefix.has_parent_path() ? prefix.parent_path() : std::filesystem::path(".");
@@ -454,25 +402,11 @@ int gen_indexed(const Args& args) {
     bin.commit();
   }
   AtomicFile idx(dir, base + ".idx");
-  std::string out("MMIDIDX\0\0", 9);
-  auto put = [&](std::uint64_t v, std::size_t n) {
-    for (std::size_t k = 0; k < n; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
-  };
-  put(1, 8);             // version
-  put(wide ? 4 : 8, 1);  // dtype code: int32 4, uint16 8
-  put(docs, 8);          // sequences: one per document
-  put(docs + 1, 8);      // document index entries
-  for (auto n : lengths) put(static_cast<std::uint32_t>(n), 4);
-  std::uint64_t at = 0;
-  for (auto n : lengths) {
-    put(at, 8);
-    at += static_cast<std::uint64_t>(n) * item;
-  }
-  for (std::uint64_t d = 0; d <= docs; ++d) put(d, 8);
-  idx.write(out.data(), out.size());
+  const std::string index = megatron_index(dtype, lengths);  // a sequence per document
+  idx.write(index.data(), index.size());
   idx.commit();
   report(docs, "documents of " + std::to_string(tokens) + " " + dtype_arg + " tokens",
-         at + out.size(), 2, dir, base + ".{bin,idx}", start);
+         tokens * item + index.size(), 2, dir, base + ".{bin,idx}", start);
   return kExitOk;
 }
 

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -75,30 +74,6 @@ void expect_same(const std::string& built, const std::string& cached, const char
     throw std::logic_error(std::string(what) +
                            ": a source reading the cached index read other "
                            "records than the one that built it");
-}
-
-/// One ustar member (a regular file), padded to whole blocks.
-std::string tar_member(const std::string& name, const std::string& data) {
-  char h[512] = {};
-  std::snprintf(h, 100, "%s", name.c_str());
-  std::snprintf(h + 100, 8, "%07o", 0644);
-  std::snprintf(h + 108, 8, "%07o", 0);
-  std::snprintf(h + 116, 8, "%07o", 0);
-  std::snprintf(h + 124, 12, "%011o", static_cast<unsigned>(data.size()));
-  std::snprintf(h + 136, 12, "%011o", 0);
-  h[156] = '0';
-  std::memcpy(h + 257,
-              "ustar\0"
-              "00",
-              8);
-  std::memset(h + 148, ' ', 8);
-  unsigned sum = 0;
-  for (unsigned char c : h) sum += c;
-  std::snprintf(h + 148, 7, "%06o", sum);
-  std::string out(h, sizeof(h));
-  out += data;
-  out.append((512 - data.size() % 512) % 512, '\0');
-  return out;
 }
 
 }  // namespace
@@ -307,9 +282,14 @@ struct IndexTarget::Impl {
 
   Impl() {
     text = dir.write("data.txt", "one\n\ntwo\r\n{\"id\": 1}\n\nlast");
-    tar = dir.write("data.tar", tar_member("a.tokens", "12") + tar_member("a.cls", "3") +
-                                    tar_member("b.tokens", "4") + tar_member("noext", "") +
-                                    tar_member("d/c.x.cls", "56") + std::string(1024, '\0'));
+    std::string archive;
+    append_tar_member(archive, "a.tokens", "12");
+    append_tar_member(archive, "a.cls", "3");
+    append_tar_member(archive, "b.tokens", "4");
+    append_tar_member(archive, "noext", "");
+    append_tar_member(archive, "d/c.x.cls", "56");
+    append_tar_end(archive);
+    tar = dir.write("data.tar", archive);
     // Pinned mtimes: a cache written once (a seed) stays valid for these files.
     const timespec times[2] = {{1'700'000'000, 123}, {1'700'000'000, 123}};
     for (const std::string* f : {&text, &tar})

@@ -3,7 +3,8 @@
 // random access, a cursor, and the identity of the data it opened (DESIGN.md §6 "Data
 // identity"): per file its name, size, item count and the hashes of a few sampled blocks,
 // computed once when the source opens and compared on restore. A derived source opens its
-// files in its constructor, calling add_file() once per file in order, and reads records by Ref.
+// files in its constructor, calling add_file() once per file in order, and reads records by Ref;
+// its definition is one call of define_file_source.
 #pragma once
 
 #include <array>
@@ -183,6 +184,23 @@ void add_file_source(BuildContext& ctx, const Options& options) {
   auto node = std::make_unique<Source>(ctx.name(), options, ctx.source_id());
   const RecordStore* store = node.get();
   ctx.add_store(std::move(node), store);
+}
+
+/// The definition of a file source: `Source`, constructed as Source(name, options, source_id),
+/// with the options `Options` (their table gives its parameters), built by add_file_source
+/// and inspected by inspect_file_source. Its phase is Phase::kSource, whatever `info` says.
+///
+///   const NodeDef& records_node() {
+///     static const NodeDef def = define_file_source<RecordsSource, RecordsOptions>(
+///         {.type = "records", .doc = "fixed-size records in shard files"});
+///     return def;
+///   }
+template <class Source, OptionsTable Options>
+NodeDef define_file_source(NodeInfo info) {
+  info.phase = Phase::kSource;
+  return define_node<Options>(
+      std::move(info), [](BuildContext& ctx, const Options& o) { add_file_source<Source>(ctx, o); },
+      inspect_file_source);
 }
 
 }  // namespace flowstate

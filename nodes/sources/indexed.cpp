@@ -1,6 +1,8 @@
 #include "flowstate/nodes/sources/indexed.h"
 
+#include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "flowstate/core/error.h"
 
@@ -165,13 +167,10 @@ std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
 }
 
 const NodeDef& indexed_node() {
-  static const NodeDef def = define_node<IndexedOptions>(
+  static const NodeDef def = define_file_source<IndexedSource, IndexedOptions>(
       {.type = "indexed",
-       .phase = Phase::kSource,
        .doc = "Megatron-LM indexed data sets (PREFIX.idx + PREFIX.bin), memory-mapped; a "
-              "record is a document or a sequence of tokens"},
-      [](BuildContext& ctx, const IndexedOptions& o) { add_file_source<IndexedSource>(ctx, o); },
-      inspect_file_source);
+              "record is a document or a sequence of tokens"});
   return def;
 }
 
@@ -215,6 +214,48 @@ void IndexedSource::read(const Ref& ref, Sample& sample) const {
 std::optional<RecordView> IndexedSource::view(const Ref& ref, FieldId field) const {
   if (field != field_) return std::nullopt;
   return RecordView{files_data_[ref.shard]->dtype(), record(ref)};
+}
+
+// ---- writing ----
+
+std::string megatron_index(DType dtype, std::span<const std::int32_t> lengths,
+                           std::span<const std::uint64_t> documents) {
+  const auto code = megatron_dtype_code(dtype);
+  if (!code)
+    throw std::invalid_argument("a Megatron index cannot hold " + std::string(dtype_name(dtype)) +
+                                " items");
+  const std::uint64_t sequences = lengths.size();
+  if (!documents.empty()) {
+    if (documents.front() != 0 || documents.back() != sequences ||
+        !std::is_sorted(documents.begin(), documents.end()))
+      throw std::invalid_argument(
+          "a Megatron document index starts at 0, never decreases and ends at the number of "
+          "sequences (" +
+          std::to_string(sequences) + ")");
+  }
+  const std::uint64_t entries = documents.empty() ? sequences + 1 : documents.size();
+  std::string out(kMagic, sizeof(kMagic));
+  out.reserve(kHeaderBytes + sequences * 12 + entries * 8);
+  auto put = [&](std::uint64_t v, std::size_t n) {
+    for (std::size_t k = 0; k < n; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
+  };
+  put(1, 8);  // version
+  put(*code, 1);
+  put(sequences, 8);
+  put(entries, 8);
+  for (const std::int32_t n : lengths) {
+    if (n < 0)
+      throw std::invalid_argument("a Megatron sequence of " + std::to_string(n) + " items");
+    put(static_cast<std::uint32_t>(n), 4);
+  }
+  const std::size_t item = dtype_size(dtype);
+  std::uint64_t at = 0;
+  for (const std::int32_t n : lengths) {
+    put(at, 8);
+    at += static_cast<std::uint64_t>(n) * item;
+  }
+  for (std::uint64_t d = 0; d < entries; ++d) put(documents.empty() ? d : documents[d], 8);
+  return out;
 }
 
 }  // namespace flowstate

@@ -17,9 +17,15 @@
 // reads of the mapped index, no .bin bytes): an error names the file and the entry.
 //
 //   IndexedOptions o{.paths = {"data/*.idx"}, .field = "tokens"};
+//
+// Writing: PREFIX.bin is the sequences' items end to end, little-endian; megatron_index makes
+// the PREFIX.idx that describes them (`flowstate gen indexed` and the tests write through it):
+//
+//   write(prefix + ".idx", megatron_index(DType::kUInt16, lengths));  // a document a sequence
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,6 +77,15 @@ const NodeDef& indexed_node();
 std::optional<DType> megatron_dtype(std::uint8_t code);
 /// Megatron's code of `dtype`; nullopt for one it cannot hold (uint32, uint64, bool).
 std::optional<std::uint8_t> megatron_dtype_code(DType dtype);
+
+/// The bytes of a PREFIX.idx (version 1) for sequences of `lengths` items of `dtype` lying end
+/// to end in PREFIX.bin: pointers[s] is the sum of the lengths before s times the item size.
+/// `documents` is the document index (document d is sequences [documents[d],
+/// documents[d + 1])): it starts at 0, never decreases and ends at the number of sequences;
+/// empty, each sequence is a document. Throws std::invalid_argument for a dtype Megatron has
+/// no code for, a negative length or a document index other than that.
+std::string megatron_index(DType dtype, std::span<const std::int32_t> lengths,
+                           std::span<const std::uint64_t> documents = {});
 
 /// One opened PREFIX.idx / PREFIX.bin pair, checked.
 class IndexedFile {

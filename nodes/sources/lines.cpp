@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <stdexcept>
 
 #include <simdjson.h>
 #include <nlohmann/json.hpp>
@@ -232,12 +233,9 @@ void LinesOptions::validate() const {
 }
 
 const NodeDef& lines_node() {
-  static const NodeDef def = define_node<LinesOptions>(
+  static const NodeDef def = define_file_source<LinesSource, LinesOptions>(
       {.type = "lines",
-       .phase = Phase::kSource,
-       .doc = "text or JSON Lines shards; a byte-offset index is cached beside each file"},
-      [](BuildContext& ctx, const LinesOptions& o) { add_file_source<LinesSource>(ctx, o); },
-      inspect_file_source);
+       .doc = "text or JSON Lines shards; a byte-offset index is cached beside each file"});
   return def;
 }
 
@@ -352,6 +350,27 @@ void LinesSource::fail(std::size_t k, std::uint64_t offset, const std::string& w
   throw DataError(files_[k], offset,
                   "'" + files_[k] + "' line " + std::to_string(line_number(k, offset)) + " (byte " +
                       std::to_string(offset) + "): " + what);
+}
+
+// ---- writing ----
+
+void append_line(std::string& out, std::string_view line, LineEnd end) {
+  if (const auto at = line.find('\n'); at != std::string_view::npos)
+    throw std::invalid_argument("a line cannot hold a newline (byte " + std::to_string(at) +
+                                " of " + std::to_string(line.size()) + ")");
+  if (line.ends_with('\r'))
+    throw std::invalid_argument("a line cannot end with '\\r': the lines source drops it");
+  out.append(line);
+  out.append(end == LineEnd::kLf ? "\n" : end == LineEnd::kCrLf ? "\r\n" : "");
+}
+
+void append_jsonl_tokens(std::string& out, std::uint64_t id, std::span<const std::int64_t> tokens) {
+  out.append("{\"id\": ").append(std::to_string(id)).append(", \"tokens\": [");
+  for (std::size_t j = 0; j < tokens.size(); ++j) {
+    if (j > 0) out.append(", ");
+    out.append(std::to_string(tokens[j]));
+  }
+  out.append("]}\n");
 }
 
 }  // namespace flowstate

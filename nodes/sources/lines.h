@@ -21,9 +21,19 @@
 //
 //   LinesOptions o{.paths = {"corpus/*.jsonl"}, .format = LinesFormat::kJsonl,
 //                  .json_fields = {"text", "label"}};
+//
+// Writing: append_line and append_jsonl_tokens build a file this source reads, in memory
+// (`flowstate gen lines` and the tests' fixtures write through them):
+//
+//   std::string text;
+//   append_line(text, "one");
+//   const std::vector<std::int64_t> tokens{5, 7};
+//   append_jsonl_tokens(text, 42, tokens);  // {"id": 42, "tokens": [5, 7]}
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -115,5 +125,22 @@ class LinesSource final : public FileSource {
   /// Per file: byte offset of each record, the top bit set when its line ends with "\r\n".
   std::vector<std::vector<std::uint64_t>> starts_;
 };
+
+/// How append_line ends a line.
+enum class LineEnd : std::uint8_t {
+  kLf,    ///< "\n"
+  kCrLf,  ///< "\r\n" (read like "\n")
+  kNone,  ///< nothing: the last line of a file that does not end with a newline
+};
+
+/// Appends `line` to `out` as one line of a text or JSON Lines file, ended as `end` says.
+/// Throws std::invalid_argument when the line holds a '\n' (it would read as two) or ends
+/// with '\r' (the source would drop it).
+void append_line(std::string& out, std::string_view line, LineEnd end = LineEnd::kLf);
+
+/// Appends the JSON Lines line {"id": ID, "tokens": [T, T, ...]} and its "\n" to `out`: a
+/// document of `flowstate gen lines --jsonl`, which a `lines` source with json_fields
+/// {id, tokens} reads as an int64 scalar and a 1-D int64 tensor.
+void append_jsonl_tokens(std::string& out, std::uint64_t id, std::span<const std::int64_t> tokens);
 
 }  // namespace flowstate

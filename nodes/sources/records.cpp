@@ -1,19 +1,21 @@
 #include "flowstate/nodes/sources/records.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
 
 #include "flowstate/core/error.h"
+#include "flowstate/core/rng.h"
 
 namespace flowstate {
 
 const NodeDef& records_node() {
-  static const NodeDef def = define_node<RecordsOptions>(
+  static const NodeDef def = define_file_source<RecordsSource, RecordsOptions>(
       {.type = "records",
-       .phase = Phase::kSource,
-       .doc = "fixed-size records in shard files (e.g. token .bin files), memory-mapped"},
-      [](BuildContext& ctx, const RecordsOptions& o) { add_file_source<RecordsSource>(ctx, o); },
-      inspect_file_source);
+       .doc = "fixed-size records in shard files (e.g. token .bin files), memory-mapped"});
   return def;
 }
 
@@ -45,6 +47,63 @@ void RecordsSource::read(const Ref& ref, Sample& sample) const {
   auto bytes = record(ref);
   sample.ref = ref;
   sample.set(field_, bytes_tensor(bytes.data(), bytes.size()));
+}
+
+// ---- writing ----
+
+namespace {
+
+/// Stores the low `n` bytes of `v` at `dst`, little-endian.
+void put_le(std::byte* dst, std::uint64_t v, std::size_t n) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(dst, &v, n);
+  } else {
+    for (std::size_t k = 0; k < n; ++k) dst[k] = static_cast<std::byte>(v >> (8 * k));
+  }
+}
+
+/// Bytes of the chunks generate_synthetic_records hands out.
+constexpr std::size_t kChunkBytes = std::size_t{8} << 20;
+
+}  // namespace
+
+void fill_synthetic_record(std::span<std::byte> record, std::uint64_t index, std::uint64_t seed) {
+  const std::size_t size = record.size();
+  put_le(record.data(), index, std::min<std::size_t>(8, size));
+  for (std::size_t b = 8; b < size; b += 8)
+    put_le(record.data() + b, philox64(seed, index, b / 8), std::min<std::size_t>(8, size - b));
+}
+
+void generate_synthetic_records(std::uint64_t begin, std::uint64_t end, std::size_t record_bytes,
+                                std::uint64_t seed,
+                                const std::function<void(std::span<const std::byte>)>& write) {
+  if (record_bytes == 0)
+    throw std::invalid_argument("synthetic records need record_bytes of at least 1");
+  if (end <= begin) return;
+  const std::size_t per_chunk = std::max<std::size_t>(1, kChunkBytes / record_bytes);
+  std::vector<std::byte> chunk(
+      static_cast<std::size_t>(std::min<std::uint64_t>(per_chunk, end - begin)) * record_bytes);
+  for (std::uint64_t i = begin; i < end;) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(per_chunk, end - i));
+    for (std::size_t r = 0; r < n; ++r)
+      fill_synthetic_record({chunk.data() + r * record_bytes, record_bytes}, i + r, seed);
+    write({chunk.data(), n * record_bytes});
+    i += n;
+  }
+}
+
+void write_synthetic_records(const std::string& path, std::uint64_t begin, std::uint64_t end,
+                             std::size_t record_bytes, std::uint64_t seed) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw DataError(path, DataError::kNoOffset, "cannot create '" + path + "'");
+  std::uint64_t offset = 0;
+  generate_synthetic_records(begin, end, record_bytes, seed, [&](std::span<const std::byte> b) {
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    if (!out) throw DataError(path, offset, "cannot write '" + path + "'");
+    offset += b.size();
+  });
+  out.close();
+  if (!out) throw DataError(path, offset, "cannot write '" + path + "'");
 }
 
 }  // namespace flowstate

@@ -3,9 +3,17 @@
 // taken in sorted order and first_k counts the records of the files before k.
 //
 //   RecordsOptions o{.paths = {"data/train-*.bin"}, .record_bytes = 1024};
+//
+// Writing: a records file is its records end to end, nothing else. The synthetic records of
+// `flowstate gen records` — which the tests and benchmarks generate too — are made here, so
+// every data set of that layout holds the same bytes:
+//
+//   write_synthetic_records("data/part-00000.bin", 0, 1000, 1024, /*seed=*/7);
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,5 +64,23 @@ class RecordsSource final : public FileSource {
   FieldId field_;
   std::vector<std::shared_ptr<const MappedFile>> maps_;
 };
+
+/// Fills `record` with synthetic record `index`: `index` as a little-endian uint64 (its low
+/// bytes when the record is shorter than 8), then for the k-th further 8 bytes
+/// philox64(seed, index, k), little-endian (the last one cut to the record's end). A reader
+/// knows a record's position from its first 8 bytes.
+void fill_synthetic_record(std::span<std::byte> record, std::uint64_t index, std::uint64_t seed);
+
+/// Hands the synthetic records [begin, end) of `record_bytes` bytes each (see
+/// fill_synthetic_record) to `write`, in order, in chunks of whole records of at most 8 MiB (at
+/// least one record). Throws std::invalid_argument for a `record_bytes` of 0.
+void generate_synthetic_records(std::uint64_t begin, std::uint64_t end, std::size_t record_bytes,
+                                std::uint64_t seed,
+                                const std::function<void(std::span<const std::byte>)>& write);
+
+/// Writes the synthetic records [begin, end) to the records file `path`, replacing it. Throws
+/// DataError naming the file (and the offset that failed) when it cannot be written.
+void write_synthetic_records(const std::string& path, std::uint64_t begin, std::uint64_t end,
+                             std::size_t record_bytes, std::uint64_t seed);
 
 }  // namespace flowstate

@@ -1,10 +1,12 @@
 #include "flowstate/nodes/sources/tar.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <set>
+#include <stdexcept>
 
 #include "flowstate/core/error.h"
 
@@ -14,13 +16,16 @@ namespace {
 // Entries are cached as raw bytes: no padding, so no uninitialised bytes reach the disk.
 static_assert(sizeof(detail::TarMember) == 40);
 
-constexpr std::uint64_t kBlock = 512;
-// Offsets and widths of the header fields used (POSIX ustar; GNU shares them).
+constexpr std::uint64_t kBlock = kTarBlockBytes;
+// Offsets and widths of the header fields (POSIX ustar; GNU shares them).
 constexpr std::size_t kNameAt = 0, kNameWidth = 100;
+constexpr std::size_t kModeAt = 100, kUidAt = 108, kGidAt = 116, kIdWidth = 8;
 constexpr std::size_t kSizeAt = 124, kSizeWidth = 12;
+constexpr std::size_t kMtimeAt = 136, kMtimeWidth = 12;
 constexpr std::size_t kChecksumAt = 148, kChecksumWidth = 8;
 constexpr std::size_t kTypeAt = 156;
-constexpr std::size_t kMagicAt = 257;
+constexpr std::size_t kMagicAt = 257, kVersionAt = 263;
+constexpr std::size_t kDevMajorAt = 329, kDevMinorAt = 337, kDevWidth = 8;
 constexpr std::size_t kPrefixAt = 345, kPrefixWidth = 155;
 
 std::uint64_t round_up(std::uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
@@ -71,6 +76,15 @@ bool checksum_ok(const unsigned char* h) {
   std::uint64_t stored = 0;
   return parse_number(h + kChecksumAt, kChecksumWidth, stored) &&
          (stored == unsigned_sum || static_cast<std::int64_t>(stored) == signed_sum);
+}
+
+/// Writes `value` into a numeric header field as `width - 1` octal digits and a NUL; false
+/// when it needs more digits.
+bool put_octal(char* field, std::size_t width, std::uint64_t value) {
+  for (std::size_t k = width - 1; k-- > 0; value >>= 3)
+    field[k] = static_cast<char>('0' + (value & 7));
+  field[width - 1] = '\0';
+  return value == 0;
 }
 
 /// Whether a cached member index can describe a tar file of `size` bytes, as grouping and
@@ -245,13 +259,10 @@ void TarOptions::validate() const {
 }
 
 const NodeDef& tar_node() {
-  static const NodeDef def = define_node<TarOptions>(
+  static const NodeDef def = define_file_source<TarSource, TarOptions>(
       {.type = "tar",
-       .phase = Phase::kSource,
        .doc = "WebDataset-style tar shards: members grouped by key into samples, fields by "
-              "extension"},
-      [](BuildContext& ctx, const TarOptions& o) { add_file_source<TarSource>(ctx, o); },
-      inspect_file_source);
+              "extension"});
   return def;
 }
 
@@ -352,6 +363,61 @@ std::string_view TarSource::key(const Ref& ref) const {
   const auto [s, members] = members_of(ref);
   const detail::TarMember& m = s->index.entries[members.first];
   return std::string_view(s->index.strings).substr(m.name, m.key_size);
+}
+
+// ---- writing ----
+
+void append_tar_header(std::string& out, const TarHeader& header) {
+  auto refuse = [&](const std::string& why) {
+    throw std::invalid_argument("cannot write the tar header of '" + std::string(header.prefix) +
+                                (header.prefix.empty() ? "" : "/") + std::string(header.name) +
+                                "': " + why);
+  };
+  if (header.name.size() > kNameWidth)
+    refuse("its name has " + std::to_string(header.name.size()) + " bytes, more than 100");
+  if (header.prefix.size() > kPrefixWidth)
+    refuse("its prefix has " + std::to_string(header.prefix.size()) + " bytes, more than 155");
+  if (header.gnu && !header.prefix.empty()) refuse("a GNU header has no prefix");
+  std::array<char, kTarBlockBytes> h{};
+  std::copy(header.name.begin(), header.name.end(), h.data() + kNameAt);
+  put_octal(h.data() + kModeAt, kIdWidth, header.type == '5' ? 0755 : 0644);
+  put_octal(h.data() + kUidAt, kIdWidth, 0);
+  put_octal(h.data() + kGidAt, kIdWidth, 0);
+  if (!put_octal(h.data() + kSizeAt, kSizeWidth, header.size))
+    refuse("its size " + std::to_string(header.size) + " needs more than 11 octal digits");
+  put_octal(h.data() + kMtimeAt, kMtimeWidth, 0);
+  h[kTypeAt] = header.type;
+  if (header.gnu) {
+    std::memcpy(h.data() + kMagicAt, "ustar  ", 8);  // GNU magic and version, NUL-terminated
+  } else {
+    std::memcpy(h.data() + kMagicAt, "ustar", 6);  // POSIX magic "ustar\0", version "00"
+    std::memcpy(h.data() + kVersionAt, "00", 2);
+    std::copy(header.prefix.begin(), header.prefix.end(), h.data() + kPrefixAt);
+  }
+  put_octal(h.data() + kDevMajorAt, kDevWidth, 0);
+  put_octal(h.data() + kDevMinorAt, kDevWidth, 0);
+  seal_tar_header(h);
+  out.append(h.data(), h.size());
+}
+
+void append_tar_data(std::string& out, std::string_view data) {
+  out.append(data);
+  out.append((kBlock - data.size() % kBlock) % kBlock, '\0');
+}
+
+void append_tar_member(std::string& out, std::string_view name, std::string_view data) {
+  append_tar_header(out, {.name = name, .size = data.size()});
+  append_tar_data(out, data);
+}
+
+void append_tar_end(std::string& out) { out.append(2 * kBlock, '\0'); }
+
+void seal_tar_header(std::span<char, kTarBlockBytes> header) {
+  // The sum of the header's bytes (unsigned), its own field read as spaces.
+  std::memset(header.data() + kChecksumAt, ' ', kChecksumWidth);
+  std::uint64_t sum = 0;
+  for (const char c : header) sum += static_cast<unsigned char>(c);
+  put_octal(header.data() + kChecksumAt, kChecksumWidth - 1, sum);  // the last space stays
 }
 
 }  // namespace flowstate

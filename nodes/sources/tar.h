@@ -24,9 +24,18 @@
 //
 //   TarOptions o{.paths = {"shards/train-*.tar"}, .fields = {"jpg", "cls"},
 //                .on_missing = MissingField::kSkip};
+//
+// Writing: append_tar_member and append_tar_end build an archive this source reads, in memory
+// (`flowstate gen tar`, the tests' fixtures and the fuzzers' seeds all write through them):
+//
+//   std::string tar;
+//   append_tar_member(tar, "000000042.tokens", "hello world");
+//   append_tar_member(tar, "000000042.cls", "3");
+//   append_tar_end(tar);
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -133,5 +142,32 @@ class TarSource final : public FileSource {
   std::vector<FieldId> field_ids_;  ///< the ids of options_.fields
   std::vector<Shard> shards_;
 };
+
+/// Bytes of a tar block: a header is one block, a member's data is padded to whole blocks.
+inline constexpr std::size_t kTarBlockBytes = 512;
+
+/// What append_tar_header writes into one header block.
+struct TarHeader {
+  std::string_view name;    ///< the path (its last part, with `prefix`): at most 100 bytes
+  std::uint64_t size = 0;   ///< bytes of the member's data: less than 8 GiB (11 octal digits)
+  char type = '0';          ///< '0' a file, '5' a directory, 'L' a GNU long name, 'x' pax, ...
+  std::string_view prefix;  ///< ustar: the path's directories before `name`, at most 155 bytes
+  bool gnu = false;         ///< GNU's magic "ustar  " (no prefix), not POSIX's "ustar" "00"
+};
+
+/// Appends the header block of `header` to `out`: mode 0644 (0755 for a directory), owner 0,
+/// mtime 0 — so an archive's bytes depend on its members alone — device numbers 0 and the
+/// checksum. Throws std::invalid_argument when a field does not fit.
+void append_tar_header(std::string& out, const TarHeader& header);
+/// Appends a member's data: `data`, then NULs to the end of its last block.
+void append_tar_data(std::string& out, std::string_view data);
+/// Appends the regular file `name` (at most 100 bytes) holding `data`: a POSIX ustar header,
+/// then the data. Throws std::invalid_argument for a longer name.
+void append_tar_member(std::string& out, std::string_view name, std::string_view data);
+/// Appends the end of an archive: two zero blocks.
+void append_tar_end(std::string& out);
+/// Stores the checksum of `header` computed from its other fields: six octal digits, a NUL and
+/// a space, as GNU tar and Python's tarfile write it.
+void seal_tar_header(std::span<char, kTarBlockBytes> header);
 
 }  // namespace flowstate

@@ -7,12 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/sources/indexed.h"
+#include "tests/support/formats.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -241,22 +241,14 @@ TEST_F(PackTest, DocIdsNumberTheDocumentsOfEachRow) {
 /// Writes PREFIX.idx / PREFIX.bin (Megatron's layout, one sequence per document) holding
 /// `docs` of uint16 tokens.
 void write_indexed(const std::string& prefix, const std::vector<std::vector<std::uint16_t>>& docs) {
-  std::ofstream idx(prefix + ".idx", std::ios::binary), bin(prefix + ".bin", std::ios::binary);
-  auto put = [&](auto v) { idx.write(reinterpret_cast<const char*>(&v), sizeof(v)); };
-  idx.write("MMIDIDX\0\0", 9);
-  put(std::uint64_t{1});
-  put(std::uint8_t{8});  // uint16
-  put(static_cast<std::uint64_t>(docs.size()));
-  put(static_cast<std::uint64_t>(docs.size() + 1));
-  for (const auto& d : docs) put(static_cast<std::int32_t>(d.size()));
-  std::int64_t at = 0;
+  std::vector<std::int32_t> lengths;
+  std::string bin;
   for (const auto& d : docs) {
-    put(at);
-    at += static_cast<std::int64_t>(2 * d.size());
+    lengths.push_back(static_cast<std::int32_t>(d.size()));
+    bin.append(reinterpret_cast<const char*>(d.data()), 2 * d.size());
   }
-  for (std::int64_t i = 0; i <= static_cast<std::int64_t>(docs.size()); ++i) put(i);
-  for (const auto& d : docs)
-    bin.write(reinterpret_cast<const char*>(d.data()), static_cast<std::streamsize>(2 * d.size()));
+  testing::write_file(prefix + ".idx", megatron_index(DType::kUInt16, lengths));
+  testing::write_file(prefix + ".bin", bin);
 }
 
 /// Pack over an `indexed` source: rows planned from the index alone (no map before pack).

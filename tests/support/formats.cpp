@@ -1,60 +1,25 @@
 #include "tests/support/formats.h"
 
-#include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <sstream>
 #include <stdexcept>
+
+#include "flowstate/nodes/sources/lines.h"
+#include "flowstate/nodes/sources/tar.h"
 
 namespace flowstate::testing {
 namespace {
 
-constexpr std::size_t kBlock = 512;
-
-/// Writes `value` as `width - 1` octal digits and a NUL into `field`.
-void put_octal(char* field, std::size_t width, std::uint64_t value) {
-  std::snprintf(field, width, "%0*llo", static_cast<int>(width - 1),
-                static_cast<unsigned long long>(value));
-}
-
-/// Stores the checksum of a header whose other fields are final.
-void seal(char* h) {
-  std::memset(h + kTarChecksumField, ' ', 8);
-  unsigned sum = 0;
-  for (std::size_t i = 0; i < kBlock; ++i) sum += static_cast<unsigned char>(h[i]);
-  // Six digits, a NUL and a space: what GNU tar and Python's tarfile write.
-  std::snprintf(h + kTarChecksumField, 7, "%06o", sum);
-  h[kTarChecksumField + 7] = ' ';
-}
-
 /// A header block for a member of `size` bytes; `name` must fit (see write_tar).
-std::string header(std::string_view name, std::string_view prefix, std::uint64_t size, char type,
-                   TarFormat format) {
-  std::string h(kBlock, '\0');
-  std::copy_n(name.begin(), std::min(name.size(), std::size_t{100}), h.begin());
-  put_octal(h.data() + 100, 8, type == '5' ? 0755 : 0644);
-  put_octal(h.data() + 108, 8, 0);
-  put_octal(h.data() + 116, 8, 0);
-  put_octal(h.data() + kTarSizeField, 12, size);
-  put_octal(h.data() + 136, 12, 0);
-  h[kTarTypeField] = type;
-  if (format == TarFormat::kGnu) {
-    std::memcpy(h.data() + 257, "ustar  ", 8);  // GNU magic and version, NUL-terminated
-  } else {
-    std::memcpy(h.data() + 257, "ustar", 6);  // POSIX magic "ustar\0", version "00"
-    std::memcpy(h.data() + 263, "00", 2);
-    std::copy(prefix.begin(), prefix.end(), h.begin() + 345);
-  }
-  seal(h.data());
-  return h;
-}
-
-/// `data` padded with NULs to whole blocks.
-std::string padded(std::string_view data) {
-  std::string s(data);
-  s.resize((s.size() + kBlock - 1) / kBlock * kBlock, '\0');
-  return s;
+void append_header(std::string& out, std::string_view name, std::string_view prefix,
+                   std::uint64_t size, char type, TarFormat format) {
+  append_tar_header(out, {.name = name,
+                          .size = size,
+                          .type = type,
+                          .prefix = prefix,
+                          .gnu = format == TarFormat::kGnu});
 }
 
 }  // namespace
@@ -70,10 +35,11 @@ std::string pax_record(std::string_view key, std::string_view value) {
 void write_lines(const std::string& path, const std::vector<std::string>& lines,
                  LinesWriteOptions options) {
   std::string text;
-  for (std::size_t i = 0; i < lines.size(); ++i) {
-    text += lines[i];
-    if (i + 1 < lines.size() || options.final_newline) text += options.crlf ? "\r\n" : "\n";
-  }
+  for (std::size_t i = 0; i < lines.size(); ++i)
+    append_line(text, lines[i],
+                i + 1 == lines.size() && !options.final_newline ? LineEnd::kNone
+                : options.crlf                                  ? LineEnd::kCrLf
+                                                                : LineEnd::kLf);
   write_file(path, text);
 }
 
@@ -96,37 +62,42 @@ std::vector<TarOffsets> write_tar(const std::string& path, const std::vector<Tar
           break;
         }
         case TarFormat::kGnu:
-          out += header("././@LongLink", {}, m.name.size() + 1, 'L', options.format);
-          out += padded(m.name + '\0');
+          append_header(out, "././@LongLink", {}, m.name.size() + 1, 'L', options.format);
+          append_tar_data(out, m.name + '\0');
           break;
         case TarFormat::kPax: {
           const std::string records = pax_record("path", m.name);
-          out +=
-              header("PaxHeaders/" + m.name.substr(0, 80), {}, records.size(), 'x', options.format);
-          out += padded(records);
+          append_header(out, "PaxHeaders/" + m.name.substr(0, 80), {}, records.size(), 'x',
+                        options.format);
+          append_tar_data(out, records);
           break;
         }
       }
+      // After a long-name or pax header, the member's own header holds the name's first 100
+      // bytes, as GNU tar writes it.
+      if (options.format != TarFormat::kUstar) name = name.substr(0, 100);
     }
     at.header = out.size();
-    out += header(name, prefix, m.data.size(), m.type, options.format);
+    append_header(out, name, prefix, m.data.size(), m.type, options.format);
     at.data = out.size();
-    out += padded(m.data);
+    append_tar_data(out, m.data);
     offsets.push_back(at);
   }
-  if (options.end_blocks) out.append(2 * kBlock, '\0');
+  if (options.end_blocks) append_tar_end(out);
   write_file(path, out);
   return offsets;
 }
 
 void patch_tar_header(const std::string& path, std::uint64_t header, std::size_t field,
                       std::string_view bytes) {
-  std::string h = read_file(path).substr(header, kBlock);
+  std::string h = read_file(path).substr(header, kTarBlockBytes);
+  if (h.size() != kTarBlockBytes)
+    throw std::invalid_argument("'" + path + "' holds no whole tar header at byte " +
+                                std::to_string(header));
   std::memcpy(h.data() + field, bytes.data(), bytes.size());
-  seal(h.data());
+  seal_tar_header(std::span<char, kTarBlockBytes>(h.data(), kTarBlockBytes));
   patch_file(path, header, h);
 }
-
 void write_file(const std::string& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

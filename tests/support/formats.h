@@ -1,6 +1,8 @@
 // Test fixtures for the data-format sources: text/JSON Lines files and tar shards, written
 // byte for byte as the tests need them (CRLF, a missing final newline, GNU or pax long names,
-// a header patched to say something else).
+// a header patched to say something else). The bytes come from the library's writers
+// (append_line in nodes/sources/lines.h, append_tar_header and the rest in tar.h); what is
+// here only arranges them.
 //
 //   testing::write_lines(dir / "a.txt", {"one", "two"}, {.crlf = true});
 //   auto headers = testing::write_tar(dir / "s.tar", {{"a.txt", "hi"}, {"a.cls", "1"}});

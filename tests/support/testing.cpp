@@ -5,12 +5,11 @@
 
 #include <condition_variable>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <random>
 #include <thread>
 
-#include "flowstate/core/rng.h"
+#include "flowstate/nodes/sources/records.h"
 
 namespace flowstate::testing {
 
@@ -28,19 +27,11 @@ TempDir::~TempDir() {
 std::string write_records(const std::string& dir, std::uint64_t records, std::size_t record_bytes,
                           std::size_t shards, std::uint64_t seed) {
   std::filesystem::create_directories(dir);
-  std::vector<char> rec(record_bytes);
   for (std::size_t s = 0; s < shards; ++s) {
     char name[32];
     std::snprintf(name, sizeof(name), "part-%05zu.bin", s);
-    std::ofstream out(std::filesystem::path(dir) / name, std::ios::binary);
-    std::uint64_t begin = records * s / shards, end = records * (s + 1) / shards;
-    for (std::uint64_t i = begin; i < end; ++i) {
-      for (std::size_t b = 0; b < record_bytes; b += 8) {
-        std::uint64_t v = b == 0 ? i : philox64(seed, i, b / 8);
-        std::memcpy(rec.data() + b, &v, std::min<std::size_t>(8, record_bytes - b));
-      }
-      out.write(rec.data(), static_cast<std::streamsize>(record_bytes));
-    }
+    write_synthetic_records((std::filesystem::path(dir) / name).string(), records * s / shards,
+                            records * (s + 1) / shards, record_bytes, seed);
   }
   return (std::filesystem::path(dir) / "part-*.bin").string();
 }

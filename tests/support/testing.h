@@ -33,7 +33,8 @@ class TempDir {
 };
 
 /// Writes `records` records of `record_bytes` bytes into `shards` files named
-/// part-00000.bin, ... under `dir`. Record i (global index) starts with i as a little-endian
+/// part-00000.bin, ... under `dir`: the synthetic records of nodes/sources/records.h
+/// (write_synthetic_records). Record i (global index) starts with i as a little-endian
 /// uint64 (truncated to record_bytes), the rest deterministic bytes from (seed, i).
 /// Returns the glob matching the files.
 std::string write_records(const std::string& dir, std::uint64_t records, std::size_t record_bytes,
