@@ -6,7 +6,7 @@
 // Adding a target: a function or class here (its body in fuzz_targets.cpp), a
 // `<name>_fuzzer.cpp` calling it, the name in fuzz/CMakeLists.txt and in fuzz/run.sh's
 // `all_targets`, seeds in fuzz/corpus/<name>/, and a replay test in
-// tests/cli/fuzz_regressions_test.cpp.
+// tests/fuzz/fuzz_regressions_test.cpp.
 #pragma once
 
 #include <cstddef>

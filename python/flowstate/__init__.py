@@ -1,3 +1,5 @@
+# Over 600 lines: the package's public surface (Pipeline, its Builder, Loader, sources, errors) in
+# the one module `import flowstate` shows; the DataLoader and the workers have modules of their own.
 """flowstate from Python: exact, resumable input pipelines that hand PyTorch tensors over
 without a copy.
 

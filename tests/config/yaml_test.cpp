@@ -1,5 +1,5 @@
 // The YAML loader: what it builds, and every kind of error with its exact text (file, line,
-// column and key path).
+// column and key path). Over 600 lines: one loader, and each of its errors is a case.
 #include "flowstate/config/yaml.h"
 
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+# Over 600 lines: one check per language of README block, with the fixtures they run on.
 """Every fenced code block of README.md, checked by its language tag, so the front door cannot
 go stale. Run by ctest (test `readme.blocks`, tests/readme/CMakeLists.txt) with the build's
 paths in the environment; by hand:
