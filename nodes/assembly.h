@@ -296,7 +296,9 @@ class BatchAssembler {
 /// A stage that works on each assembled batch serially, in step order, as the runtime hands it
 /// out (after the batch maps, before the consumer's queue): device_copy, or a node of one's own
 /// that checks or tags every batch. Its time counts as the node's `deliver` stage. Called from
-/// one thread at a time.
+/// one thread at a time. What it hands out must be a function of the batch alone: a checkpoint
+/// holds the spine's nodes, not the deliver stages, so a stage whose output depended on the
+/// batches before it would not resume exactly.
 class DeliverStage {
  public:
   virtual ~DeliverStage() = default;
