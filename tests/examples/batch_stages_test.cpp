@@ -13,6 +13,7 @@
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
 #include "flowstate/tools/testing.h"
+#include "tests/examples/batches.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -22,17 +23,8 @@ using examples::checksum_node;
 using examples::ChecksumOptions;
 using examples::slice_node;
 using examples::SliceOptions;
-using testing::record_index;
+using examples_test::indices;
 using testing::TempDir;
-
-/// The record indices of a batch's samples, in order.
-std::vector<std::uint64_t> indices(const Batch& b) {
-  const Tensor& t = b["data"];
-  std::vector<std::uint64_t> out;
-  for (std::int64_t i = 0; i < t.shape()[0]; ++i)
-    out.push_back(record_index(static_cast<const std::byte*>(t.data()) + i * t.shape()[1]));
-  return out;
-}
 
 /// 100 records of 16 bytes in 2 files, shuffled.
 class BatchStagesTest : public ::testing::Test {

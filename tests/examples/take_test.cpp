@@ -10,6 +10,7 @@
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
 #include "flowstate/tools/testing.h"
+#include "tests/examples/batches.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -19,20 +20,12 @@ using examples::take_node;
 using examples::TakeNode;
 using examples::TakeOptions;
 using examples::TakeState;
+using examples_test::indices;
 using testing::record_index;
 using testing::TempDir;
 
 std::uint64_t index_of(const Sample& s) {
   return record_index(static_cast<const std::byte*>(s.at("data").data()));
-}
-
-/// The record indices of a batch's samples, in order.
-std::vector<std::uint64_t> indices(const Batch& b) {
-  const Tensor& t = b["data"];
-  std::vector<std::uint64_t> out;
-  for (std::int64_t i = 0; i < t.shape()[0]; ++i)
-    out.push_back(record_index(static_cast<const std::byte*>(t.data()) + i * t.shape()[1]));
-  return out;
 }
 
 /// The record indices of every epoch's samples, epoch by epoch.

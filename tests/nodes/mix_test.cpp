@@ -151,6 +151,27 @@ TEST_F(MixTest, StateIsSmallAndHoldsEveryInput) {
   EXPECT_THROW(o.load_state(s), CheckpointError);
 }
 
+TEST_F(MixTest, AShardInAnInputSplitsTheRanksAndIsCheckedAgainstTheLauncher) {
+  // NodeDef::splits_ranks and check_launch look into a mix's inputs.
+  Pipeline::Builder sharded;
+  sharded.seed(3).records({.paths = {a_}, .record_bytes = 16}).shard({.rank = 0, .world = 2});
+  const Pipeline p = Pipeline::Builder()
+                         .seed(77)
+                         .mix({sharded.build_input(), input(b_, 1)}, {.weights = {1, 1}})
+                         .batch({.size = 8})
+                         .build();
+  EXPECT_TRUE(p.splits_ranks());
+  EXPECT_FALSE(mixed(MixStop::kAllExhausted).splits_ranks());
+  EXPECT_NO_THROW(p.check_launch(0, 2));
+  try {
+    p.check_launch(1, 2);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "shard");
+    EXPECT_STREQ(e.what(), "'shard' is rank 0 of 2, but the launcher started rank 1 of 2");
+  }
+}
+
 TEST_F(MixTest, ValidatesItsOptions) {
   auto message = [&](auto&& f) {
     try {
