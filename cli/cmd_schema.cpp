@@ -1,4 +1,5 @@
-// `flowstate schema`: the registered node types and map transforms with their parameters —
+// `flowstate schema`: the registered node types, map transforms and filter predicates with their
+// parameters —
 // documentation derived from the same schemas the YAML loader validates against.
 #include "cli/command.h"
 #include "flowstate/config/registry.h"
@@ -9,9 +10,10 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: flowstate schema [NAME]   (flowstate --plugin PATH.so schema: with a plugin)\n\n"
-    "Lists the top-level keys, every node type and every map transform with its\n"
-    "parameters (type, default, range, whether it is free). With NAME, only that node type\n"
-    "or transform. Nodes a plugin added (--plugin) are marked with the plugin's path.\n";
+    "Lists the top-level keys, every node type, every map transform and every filter\n"
+    "predicate with its parameters (type, default, range, whether it is free). With NAME,\n"
+    "only that node type, transform or predicate. Nodes a plugin added (--plugin) are marked\n"
+    "with the plugin's path.\n";
 
 }  // namespace
 
@@ -46,7 +48,13 @@ int cmd_schema(std::span<const std::string> argv) {
     out += "map fn: " + t.name + (t.make_batch ? "" : " (before batch only)") + ": " + t.doc +
            "\n" + describe_params(t.params, "  ") + "\n";
   }
-  if (!only.empty() && !found) throw UsageError("no node type or transform named '" + only + "'");
+  for (const auto& p : transforms.predicates()) {
+    if (!only.empty() && p.name != only) continue;
+    found = true;
+    out += "filter fn: " + p.name + ": " + p.doc + "\n" + describe_params(p.params, "  ") + "\n";
+  }
+  if (!only.empty() && !found)
+    throw UsageError("no node type, transform or predicate named '" + only + "'");
   std::fputs(out.c_str(), stdout);
   return kExitOk;
 }

@@ -1,11 +1,12 @@
-// Plugins: shared libraries that add node types and map transforms to a running flowstate —
-// what `flowstate --plugin PATH.so` and a YAML pipeline's top-level `plugins: [path, ...]`
-// load. A plugin exports one C function that registers what it brings:
+// Plugins: shared libraries that add node types, map transforms and filter predicates to a
+// running flowstate — what `flowstate --plugin PATH.so` and a YAML pipeline's top-level
+// `plugins: [path, ...]` load. A plugin exports one C function that registers what it brings:
 //
 //   #include "flowstate/config/plugins.h"
 //   extern "C" void flowstate_register_plugin(flowstate::PluginRegistry& r) {
-//     r.add(take_node());            // a NodeDef (nodes/definition.h)
-//     r.transforms.add({...});       // a TransformSchema (config/transforms.h)
+//     r.add(take_node());                                 // a NodeDef (nodes/definition.h)
+//     r.add(define_transform<ClipOptions>("clip", ...));  // a transform (nodes/transform.h)
+//     r.add(define_predicate<EvenOptions>("even", ...));  // a predicate (nodes/filter.h)
 //   }
 //
 // A plugin is built against the same flowstate as the program that loads it and resolves
@@ -30,6 +31,10 @@ struct PluginRegistry {
   /// Registers a node type by its definition (the definition must outlive the program: return
   /// a function-local static).
   void add(const NodeDef& def) { nodes.add(def, origin); }
+  /// Registers a map transform (`- map: {fn: NAME}`).
+  void add(TransformSchema t) { transforms.add(std::move(t)); }
+  /// Registers a filter predicate (`- filter: {fn: NAME}`).
+  void add(PredicateSchema p) { transforms.add(std::move(p)); }
 };
 
 /// The name of the function a plugin exports.

@@ -23,6 +23,12 @@ class FormContext final : public YamlContext {
     return transforms_.find(name);
   }
   std::vector<std::string> transform_names() const override { return transforms_.names(); }
+  const PredicateSchema* predicate(const std::string& name) const override {
+    return transforms_.find_predicate(name);
+  }
+  std::vector<std::string> predicate_names() const override {
+    return transforms_.predicate_names();
+  }
   std::vector<std::string> read_inputs(const std::vector<std::filesystem::path>& files) override {
     for (const auto& f : files)
       inputs_.push_back(from_yaml_file(
@@ -97,6 +103,7 @@ void Registry::add(const NodeDef& def, std::string origin) {
     if (!form.doc.empty()) n.doc = form.doc;
     n.params = form.params;
     n.dispatch = form.dispatch;
+    n.dispatch_what = form.dispatch_what;
     if (form.extra_params)
       n.extra_params = [&form](const TransformRegistry& t, const std::string& v) {
         return form.extra_params(FormContext(t), v);

@@ -59,6 +59,8 @@ struct NodeSchema {
   /// parameter's name, and the extra parameters for a value of it (null for an unknown value,
   /// whose error lists `dispatch_choices`).
   std::string dispatch;
+  /// What a dispatch value names ("transform", "predicate"), for messages.
+  std::string dispatch_what = "transform";
   std::function<const std::vector<ParamSchema>*(const TransformRegistry&, const std::string&)>
       extra_params;
   std::function<std::vector<std::string>(const TransformRegistry&)> dispatch_choices;

@@ -16,37 +16,72 @@ namespace flowstate {
 
 // ---- registry ----
 
+namespace {
+
+/// The checks add() makes of a transform or predicate `s` going into `list`: a name not taken,
+/// a function, no parameter named after one of its node's own (`reserved`).
+template <class Schema>
+void check_new(const char* what, const Schema& s, bool has_fn, const std::vector<Schema>& list,
+               std::initializer_list<std::string_view> reserved) {
+  const std::string head = std::string("TransformRegistry::add: ") + what + " '" + s.name + "'";
+  if (s.name.empty())
+    throw std::invalid_argument(std::string("TransformRegistry::add: a ") + what + " needs a name");
+  for (const auto& o : list)
+    if (o.name == s.name) throw std::invalid_argument(head + " is already registered");
+  if (!has_fn) throw std::invalid_argument(head + " has no make function");
+  for (const auto& p : s.params)
+    for (std::string_view r : reserved)
+      if (p.name == r)
+        throw std::invalid_argument(head + " declares '" + p.name + "', a parameter of " +
+                                    (std::string_view(what) == "transform" ? "map" : "filter") +
+                                    " itself");
+}
+
+template <class Schema>
+const Schema* find_named(const std::vector<Schema>& list, std::string_view name) {
+  for (const auto& s : list)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+template <class Schema>
+std::vector<std::string> names_of(const std::vector<Schema>& list) {
+  std::vector<std::string> out;
+  for (const auto& s : list) out.push_back(s.name);
+  return out;
+}
+
+}  // namespace
+
 void TransformRegistry::add(TransformSchema schema) {
-  if (schema.name.empty())
-    throw std::invalid_argument("TransformRegistry::add: a transform needs a name");
-  if (find(schema.name) != nullptr)
-    throw std::invalid_argument("TransformRegistry::add: transform '" + schema.name +
-                                "' is already registered");
-  if (!schema.make_sample)
-    throw std::invalid_argument("TransformRegistry::add: transform '" + schema.name +
-                                "' has no make_sample");
-  for (const auto& p : schema.params)
-    if (p.name == "fn" || p.name == "workers")
-      throw std::invalid_argument("TransformRegistry::add: transform '" + schema.name +
-                                  "' declares '" + p.name + "', a parameter of map itself");
+  check_new("transform", schema, static_cast<bool>(schema.make_sample), transforms_,
+            {"fn", "workers"});
   transforms_.push_back(std::move(schema));
 }
 
 const TransformSchema* TransformRegistry::find(std::string_view name) const {
-  for (const auto& t : transforms_)
-    if (t.name == name) return &t;
-  return nullptr;
+  return find_named(transforms_, name);
 }
 
-std::vector<std::string> TransformRegistry::names() const {
-  std::vector<std::string> out;
-  for (const auto& t : transforms_) out.push_back(t.name);
-  return out;
+std::vector<std::string> TransformRegistry::names() const { return names_of(transforms_); }
+
+void TransformRegistry::add(PredicateSchema schema) {
+  check_new("predicate", schema, static_cast<bool>(schema.make), predicates_, {"fn"});
+  predicates_.push_back(std::move(schema));
+}
+
+const PredicateSchema* TransformRegistry::find_predicate(std::string_view name) const {
+  return find_named(predicates_, name);
+}
+
+std::vector<std::string> TransformRegistry::predicate_names() const {
+  return names_of(predicates_);
 }
 
 TransformRegistry TransformRegistry::with_builtins() {
   TransformRegistry r;
   register_builtin_transforms(r);
+  for (auto& p : builtin_predicates()) r.add(std::move(p));
   return r;
 }
 
@@ -60,44 +95,13 @@ TransformRegistry& TransformRegistry::global() {
   return r;
 }
 
-ParamSchema field_param() {
-  return {.name = "field",
-          .type = ParamType::kString,
-          .default_value = std::string("data"),
-          .doc = "the field read and replaced"};
-}
-
-ConfigError param_error(const Params& p, std::string_view param, const std::string& message) {
-  std::string key = p.key(param);
-  std::string where = p.where(param);
-  return ConfigError(key, (where.empty() ? "" : where + ": ") + key + ": " + message);
-}
-
-DataError param_data_error(const Params& p, std::string_view param, const std::string& message) {
-  const std::string key = p.key(param);
-  const std::string where = p.where(param);
-  return DataError("", DataError::kNoOffset,
-                   (where.empty() ? "" : where + ": ") + key + ": " + message);
-}
-
 // ---- helpers ----
 
 namespace {
 
-std::vector<std::string> dtype_names() {
-  std::vector<std::string> out;
-  for (int i = 0; i <= static_cast<int>(DType::kBool); ++i)
-    out.emplace_back(dtype_name(static_cast<DType>(i)));
-  return out;
-}
-
-ParamSchema dtype_param(std::string doc) {
-  return {.name = "dtype",
-          .type = ParamType::kString,
-          .doc = std::move(doc),
-          .required = true,
-          .choices = dtype_names()};
-}
+/// The `field` row of every built-in transform's table (default "data", the struct's own).
+template <class O>
+constexpr FieldSpec<O> kFieldSpec{.doc = "the field read and replaced"};
 
 /// Reads element i of a tensor's bytes as T (bools as 0/1, whatever byte they hold).
 template <class T>
@@ -164,7 +168,7 @@ Tensor normalize_tensor(const Tensor& in, double mean, double std) {
 /// The field a transform works on, by id; a missing field is a configuration error.
 class FieldRef {
  public:
-  explicit FieldRef(const Params& p) : name_(p.string("field")), id_(field_id(name_)) {}
+  explicit FieldRef(std::string name) : name_(std::move(name)), id_(field_id(name_)) {}
   const Tensor& get(const Fields& fields, const Params& p) const {
     const Tensor* t = fields.find(id_);
     if (t == nullptr) {
@@ -186,20 +190,24 @@ class FieldRef {
   FieldId id_;
 };
 
-/// Sets make_sample and make_batch of `t` from one field operation: `make_op(params)` returns
-/// the tensor -> tensor function applied to the field, per sample or to the collated batch.
+/// A transform of one field operation: `make_op(options)` returns the tensor -> tensor
+/// function applied to the field, per sample or to the collated batch.
 using FieldOp = std::function<Tensor(const Tensor&)>;
-void set_field_op(TransformSchema& t, std::function<FieldOp(const Params&)> make_op) {
-  t.make_sample = [make_op](const Params& p) -> SampleFn {
-    return [op = make_op(p), field = FieldRef(p), p](Sample& s, MapContext&) {
-      s.set(field.id(), op(field.get(s, p)));
-    };
-  };
-  t.make_batch = [make_op](const Params& p) -> BatchFn {
-    return [op = make_op(p), field = FieldRef(p), p](Batch& b, MapContext&) {
-      b.fields.set(field.id(), op(field.get(b.fields, p)));
-    };
-  };
+template <class O>
+TransformSchema field_op_transform(std::string name, std::string doc,
+                                   FieldOp (*make_op)(const O&)) {
+  return define_transform<O>(
+      std::move(name), std::move(doc),
+      [make_op](const O& o, const Params& p) -> SampleFn {
+        return [op = make_op(o), field = FieldRef(o.field), p](Sample& s, MapContext&) {
+          s.set(field.id(), op(field.get(s, p)));
+        };
+      },
+      [make_op](const O& o, const Params& p) -> BatchFn {
+        return [op = make_op(o), field = FieldRef(o.field), p](Batch& b, MapContext&) {
+          b.fields.set(field.id(), op(field.get(b.fields, p)));
+        };
+      });
 }
 
 // ---- decode ----
@@ -286,87 +294,95 @@ Tensor decode_bytes(const Tensor& in, DType dtype, const Shape& shape) {
   return out;
 }
 
-DecodeSpec decode_spec(const Params& p) {
-  DecodeSpec s{parse_dtype(p.string("dtype"), p.key("dtype")), std::nullopt};
-  if (p.has("shape")) s.dims = p.ints("shape");
-  return s;
-}
+struct DecodeOptions {
+  std::string field = "data";
+  DType dtype = DType::kUInt8;
+  std::optional<std::vector<std::int64_t>> shape;
+  static constexpr auto table() {
+    return std::tuple{param("field", &DecodeOptions::field, kFieldSpec<DecodeOptions>),
+                      param("dtype", &DecodeOptions::dtype,
+                            {.required = true, .doc = "element type of the decoded tensor"}),
+                      param("shape", &DecodeOptions::shape,
+                            {.doc = "shape of one sample's tensor; -1 infers one dimension",
+                             .default_doc = "1-D, from the record size",
+                             .check = check_decode_shape})};
+  }
+};
 
 TransformSchema decode_transform() {
-  TransformSchema t;
-  t.name = "decode";
-  t.doc = "little-endian record bytes -> a tensor of dtype and shape";
-  t.params = {field_param(),
-              dtype_param("element type of the decoded tensor"),
-              {.name = "shape",
-               .type = ParamType::kIntList,
-               .doc = "shape of one sample's tensor; -1 infers one dimension",
-               .default_doc = "1-D, from the record size",
-               .check = check_decode_shape}};
-  t.make_sample = [](const Params& p) -> SampleFn {
-    DecodeSpec spec = decode_spec(p);
-    FieldRef field(p);
-    return [spec, field, p](Sample& s, MapContext&) {
-      const Tensor& in = field.get(s, p);
-      Shape shape = spec.row_shape(in.nbytes(), p, field.name(), "in record " + s.ref.to_string());
-      s.set(field.id(), decode_bytes(in, spec.dtype, shape));
-    };
-  };
-  t.make_batch = [](const Params& p) -> BatchFn {
-    DecodeSpec spec = decode_spec(p);
-    FieldRef field(p);
-    return [spec, field, p](Batch& b, MapContext&) {
-      const Tensor& in = field.get(b.fields, p);
-      if (in.shape().rank() == 0)
-        throw param_data_error(p, "field", "field '" + field.name() + "' is a scalar, not a batch");
-      const std::int64_t rows = in.shape()[0];
-      const std::size_t row_bytes = rows == 0 ? 0 : in.nbytes() / static_cast<std::size_t>(rows);
-      Shape shape =
-          spec.row_shape(row_bytes, p, field.name(), "in a batch of " + std::to_string(rows))
-              .prepend(rows);
-      b.fields.set(field.id(), decode_bytes(in, spec.dtype, shape));
-    };
-  };
-  return t;
+  return define_transform<DecodeOptions>(
+      "decode", "little-endian record bytes -> a tensor of dtype and shape",
+      [](const DecodeOptions& o, const Params& p) -> SampleFn {
+        return [spec = DecodeSpec{o.dtype, o.shape}, field = FieldRef(o.field), p](Sample& s,
+                                                                                   MapContext&) {
+          const Tensor& in = field.get(s, p);
+          Shape shape =
+              spec.row_shape(in.nbytes(), p, field.name(), "in record " + s.ref.to_string());
+          s.set(field.id(), decode_bytes(in, spec.dtype, shape));
+        };
+      },
+      [](const DecodeOptions& o, const Params& p) -> BatchFn {
+        return [spec = DecodeSpec{o.dtype, o.shape}, field = FieldRef(o.field), p](Batch& b,
+                                                                                   MapContext&) {
+          const Tensor& in = field.get(b.fields, p);
+          if (in.shape().rank() == 0)
+            throw param_data_error(p, "field",
+                                   "field '" + field.name() + "' is a scalar, not a batch");
+          const std::int64_t rows = in.shape()[0];
+          const std::size_t row_bytes =
+              rows == 0 ? 0 : in.nbytes() / static_cast<std::size_t>(rows);
+          Shape shape =
+              spec.row_shape(row_bytes, p, field.name(), "in a batch of " + std::to_string(rows))
+                  .prepend(rows);
+          b.fields.set(field.id(), decode_bytes(in, spec.dtype, shape));
+        };
+      });
 }
 
 // ---- cast ----
 
+struct CastOptions {
+  std::string field = "data";
+  DType dtype = DType::kUInt8;
+  static constexpr auto table() {
+    return std::tuple{
+        param("field", &CastOptions::field, kFieldSpec<CastOptions>),
+        param("dtype", &CastOptions::dtype, {.required = true, .doc = "the new element type"})};
+  }
+};
+
 TransformSchema cast_transform() {
-  TransformSchema t;
-  t.name = "cast";
-  t.doc = "converts values to dtype (integers wrap; floats to integers saturate, NaN -> 0)";
-  t.params = {field_param(), dtype_param("the new element type")};
-  set_field_op(t, [](const Params& p) -> FieldOp {
-    const DType to = parse_dtype(p.string("dtype"), p.key("dtype"));
-    return [to](const Tensor& in) { return cast_tensor(in, to); };
-  });
-  return t;
+  return field_op_transform<CastOptions>(
+      "cast", "converts values to dtype (integers wrap; floats to integers saturate, NaN -> 0)",
+      [](const CastOptions& o) -> FieldOp {
+        return [to = o.dtype](const Tensor& in) { return cast_tensor(in, to); };
+      });
 }
 
 // ---- normalize ----
 
-TransformSchema normalize_transform() {
-  TransformSchema t;
-  t.name = "normalize";
-  t.doc = "(x - mean) / std, as float32";
-  t.params = {field_param(),
-              {.name = "mean",
-               .type = ParamType::kFloat,
-               .default_value = 0.0,
-               .doc = "subtracted from every value"},
-              {.name = "std",
-               .type = ParamType::kFloat,
-               .default_value = 1.0,
-               .doc = "divides every value; > 0",
-               .check = [](const ParamValue& v) -> std::string {
+struct NormalizeOptions {
+  std::string field = "data";
+  double mean = 0.0;
+  double std = 1.0;
+  static constexpr auto table() {
+    return std::tuple{
+        param("field", &NormalizeOptions::field, kFieldSpec<NormalizeOptions>),
+        param("mean", &NormalizeOptions::mean, {.doc = "subtracted from every value"}),
+        param("std", &NormalizeOptions::std,
+              {.doc = "divides every value; > 0", .check = [](const ParamValue& v) -> std::string {
                  return std::get<double>(v) > 0 ? "" : "must be greater than zero";
-               }}};
-  set_field_op(t, [](const Params& p) -> FieldOp {
-    const double mean = p.real("mean"), std = p.real("std");
-    return [mean, std](const Tensor& in) { return normalize_tensor(in, mean, std); };
-  });
-  return t;
+               }})};
+  }
+};
+
+TransformSchema normalize_transform() {
+  return field_op_transform<NormalizeOptions>(
+      "normalize", "(x - mean) / std, as float32", [](const NormalizeOptions& o) -> FieldOp {
+        return [mean = o.mean, std = o.std](const Tensor& in) {
+          return normalize_tensor(in, mean, std);
+        };
+      });
 }
 
 // ---- slice / random_crop ----
@@ -397,61 +413,65 @@ const Tensor& first_dim_field(const Sample& s, const FieldRef& field, const Para
   return in;
 }
 
+/// Row counts and starts: whole numbers a double holds exactly.
+constexpr double kMaxRows = 9.0e15;
+
+struct SliceOptions {
+  std::string field = "data";
+  std::uint64_t start = 0;
+  std::uint64_t length = 0;
+  static constexpr auto table() {
+    return std::tuple{param("field", &SliceOptions::field, kFieldSpec<SliceOptions>),
+                      param("start", &SliceOptions::start, {.max = kMaxRows, .doc = "first row"}),
+                      param("length", &SliceOptions::length,
+                            {.min = 1, .max = kMaxRows, .required = true, .doc = "rows kept"})};
+  }
+};
+
 TransformSchema slice_transform() {
-  TransformSchema t;
-  t.name = "slice";
-  t.doc = "the rows [start, start + length) of the first dimension";
-  t.params = {field_param(),
-              {.name = "start",
-               .type = ParamType::kUInt,
-               .default_value = std::uint64_t{0},
-               .doc = "first row",
-               .max = 9.0e15},
-              {.name = "length",
-               .type = ParamType::kUInt,
-               .doc = "rows kept",
-               .required = true,
-               .min = 1,
-               .max = 9.0e15}};
-  t.make_sample = [](const Params& p) -> SampleFn {
-    auto start = static_cast<std::int64_t>(p.uint("start"));
-    auto length = static_cast<std::int64_t>(p.uint("length"));
-    FieldRef field(p);
-    return [start, length, field, p](Sample& s, MapContext&) {
-      const Tensor& in =
-          first_dim_field(s, field, p, "length", static_cast<std::uint64_t>(start + length));
-      s.set(field.id(), rows(in, start, length));
-    };
-  };
-  return t;
+  return define_transform<SliceOptions>(
+      "slice", "the rows [start, start + length) of the first dimension",
+      [](const SliceOptions& o, const Params& p) -> SampleFn {
+        auto start = static_cast<std::int64_t>(o.start);
+        auto length = static_cast<std::int64_t>(o.length);
+        return [start, length, field = FieldRef(o.field), p](Sample& s, MapContext&) {
+          const Tensor& in =
+              first_dim_field(s, field, p, "length", static_cast<std::uint64_t>(start + length));
+          s.set(field.id(), rows(in, start, length));
+        };
+      });
 }
 
+struct RandomCropOptions {
+  std::string field = "data";
+  std::uint64_t length = 0;
+  static constexpr auto table() {
+    return std::tuple{param("field", &RandomCropOptions::field, kFieldSpec<RandomCropOptions>),
+                      param("length", &RandomCropOptions::length,
+                            {.min = 1, .max = kMaxRows, .required = true, .doc = "rows kept"})};
+  }
+};
+
 TransformSchema random_crop_transform() {
-  TransformSchema t;
-  t.name = "random_crop";
-  t.doc = "length consecutive rows of the first dimension at a random start";
-  t.params = {field_param(),
-              {.name = "length",
-               .type = ParamType::kUInt,
-               .doc = "rows kept",
-               .required = true,
-               .min = 1,
-               .max = 9.0e15}};
-  t.make_sample = [](const Params& p) -> SampleFn {
-    auto length = static_cast<std::int64_t>(p.uint("length"));
-    FieldRef field(p);
-    return [length, field, p](Sample& s, MapContext& ctx) {
-      const Tensor& in = first_dim_field(s, field, p, "length", static_cast<std::uint64_t>(length));
-      // The element's own generator: the same start for any worker count and after a resume.
-      auto start = static_cast<std::int64_t>(
-          ctx.rng.below(static_cast<std::uint64_t>(in.shape()[0] - length) + 1));
-      s.set(field.id(), rows(in, start, length));
-    };
-  };
-  return t;
+  return define_transform<RandomCropOptions>(
+      "random_crop", "length consecutive rows of the first dimension at a random start",
+      [](const RandomCropOptions& o, const Params& p) -> SampleFn {
+        auto length = static_cast<std::int64_t>(o.length);
+        return [length, field = FieldRef(o.field), p](Sample& s, MapContext& ctx) {
+          const Tensor& in =
+              first_dim_field(s, field, p, "length", static_cast<std::uint64_t>(length));
+          // The element's own generator: the same start for any worker count and after a
+          // resume.
+          auto start = static_cast<std::int64_t>(
+              ctx.rng.below(static_cast<std::uint64_t>(in.shape()[0] - length) + 1));
+          s.set(field.id(), rows(in, start, length));
+        };
+      });
 }
 
 }  // namespace
+
+ParamSchema field_param() { return schema_of<CastOptions>().front(); }
 
 void register_builtin_transforms(TransformRegistry& registry) {
   registry.add(decode_transform());

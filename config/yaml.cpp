@@ -113,8 +113,8 @@ class YamlLoader {
                                                ? schema.dispatch_choices(transforms_)
                                                : std::vector<std::string>{};
           fail(*d, dkey,
-               "unknown transform '" + d->Scalar() + "' (known: " + join(known) + ")" +
-                   suggestion(d->Scalar(), known));
+               "unknown " + schema.dispatch_what + " '" + d->Scalar() + "' (known: " + join(known) +
+                   ")" + suggestion(d->Scalar(), known));
         }
         schemas.push_back(extra);
       }
@@ -324,6 +324,16 @@ class YamlLoader {
   }
 
   /// Rethrows a node's own ConfigError with the full key path and the location.
+  /// True when `name` is a parameter of the entry's dispatch value (a predicate's `field`).
+  bool dispatched_param(const NodeEntry& e, const std::string& name) const {
+    if (e.schema->dispatch.empty() || !e.schema->extra_params) return false;
+    const ParamValue* d = e.params.find(e.schema->dispatch);
+    const auto* value = d != nullptr ? std::get_if<std::string>(d) : nullptr;
+    if (value == nullptr) return false;
+    const auto* extra = e.schema->extra_params(transforms_, *value);
+    return extra != nullptr && find_param({extra}, name) != nullptr;
+  }
+
   [[noreturn]] void rethrow_at(const NodeEntry& e, const ConfigError& err) const {
     const std::string& k = err.key();
     const std::string& type = e.schema->type;
@@ -336,7 +346,8 @@ class YamlLoader {
       param = k.substr(e.key.size() + 1);
     else if (k.rfind(type + ".", 0) == 0)
       param = k.substr(type.size() + 1);
-    else if (k != type && (e.params.has(k) || find_param({&e.schema->params}, k) != nullptr))
+    else if (k != type && (e.params.has(k) || find_param({&e.schema->params}, k) != nullptr ||
+                           dispatched_param(e, k)))
       param = k;
     const std::string full = param.empty() ? e.key : e.key + "." + param;
     throw ConfigError(full, e.params.where(param) + ": " + full + ": " + err.what());

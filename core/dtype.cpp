@@ -9,38 +9,47 @@ namespace {
 
 struct DTypeInfo {
   DType type;
-  std::string_view name;
   std::size_t size;
   std::uint8_t dl_code;
 };
 
 constexpr std::array<DTypeInfo, 11> kInfo{{
-    {DType::kUInt8, "uint8", 1, kDLUInt},
-    {DType::kInt8, "int8", 1, kDLInt},
-    {DType::kUInt16, "uint16", 2, kDLUInt},
-    {DType::kInt16, "int16", 2, kDLInt},
-    {DType::kUInt32, "uint32", 4, kDLUInt},
-    {DType::kInt32, "int32", 4, kDLInt},
-    {DType::kUInt64, "uint64", 8, kDLUInt},
-    {DType::kInt64, "int64", 8, kDLInt},
-    {DType::kFloat32, "float32", 4, kDLFloat},
-    {DType::kFloat64, "float64", 8, kDLFloat},
-    {DType::kBool, "bool", 1, kDLUInt},
+    {DType::kUInt8, 1, kDLUInt},
+    {DType::kInt8, 1, kDLInt},
+    {DType::kUInt16, 2, kDLUInt},
+    {DType::kInt16, 2, kDLInt},
+    {DType::kUInt32, 4, kDLUInt},
+    {DType::kInt32, 4, kDLInt},
+    {DType::kUInt64, 8, kDLUInt},
+    {DType::kInt64, 8, kDLInt},
+    {DType::kFloat32, 4, kDLFloat},
+    {DType::kFloat64, 8, kDLFloat},
+    {DType::kBool, 1, kDLUInt},
 }};
+
+// Both tables are indexed by the enum's value.
+constexpr bool indexed_by_value() {
+  for (std::size_t i = 0; i < kInfo.size(); ++i)
+    if (static_cast<std::size_t>(kInfo[i].type) != i ||
+        static_cast<std::size_t>(kDTypeNames[i].first) != i)
+      return false;
+  return kInfo.size() == kDTypeNames.size();
+}
+static_assert(indexed_by_value());
 
 const DTypeInfo& info(DType t) { return kInfo[static_cast<std::size_t>(t)]; }
 
 }  // namespace
 
 std::size_t dtype_size(DType t) { return info(t).size; }
-std::string_view dtype_name(DType t) { return info(t).name; }
+std::string_view dtype_name(DType t) { return kDTypeNames[static_cast<std::size_t>(t)].second; }
 
 DType parse_dtype(std::string_view name, const std::string& key) {
-  for (const auto& i : kInfo) {
-    if (i.name == name) return i.type;
+  for (const auto& [type, n] : kDTypeNames) {
+    if (n == name) return type;
   }
   std::string known;
-  for (const auto& i : kInfo) known += (known.empty() ? "" : ", ") + std::string(i.name);
+  for (const auto& [type, n] : kDTypeNames) known += (known.empty() ? "" : ", ") + std::string(n);
   throw ConfigError(key, "unknown dtype '" + std::string(name) + "' (known: " + known + ")");
 }
 

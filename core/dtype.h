@@ -1,11 +1,13 @@
 // Element types of tensors, with their sizes, names and DLPack codes.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <dlpack/dlpack.h>
 
@@ -25,6 +27,22 @@ enum class DType : std::uint8_t {
   kFloat64,
   kBool,
 };
+
+/// Every DType with its name, in declaration order: what dtype_name and parse_dtype read, and
+/// an options table's choices (EnumNames<DType>, nodes/options.h).
+inline constexpr std::array<std::pair<DType, const char*>, 11> kDTypeNames{{
+    {DType::kUInt8, "uint8"},
+    {DType::kInt8, "int8"},
+    {DType::kUInt16, "uint16"},
+    {DType::kInt16, "int16"},
+    {DType::kUInt32, "uint32"},
+    {DType::kInt32, "int32"},
+    {DType::kUInt64, "uint64"},
+    {DType::kInt64, "int64"},
+    {DType::kFloat32, "float32"},
+    {DType::kFloat64, "float64"},
+    {DType::kBool, "bool"},
+}};
 
 /// Size of one element in bytes.
 std::size_t dtype_size(DType t);

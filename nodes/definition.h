@@ -36,6 +36,7 @@ namespace flowstate {
 class Pipeline;  // graph/pipeline.h
 struct NodeDef;
 struct TransformSchema;  // nodes/transform.h
+struct PredicateSchema;  // nodes/filter.h
 
 /// Where a node sits in a pipeline. Phases appear in this order; the pipeline has exactly
 /// one source (and, through the batch node's Placement, one batch node).
@@ -215,6 +216,10 @@ class YamlContext {
   virtual const TransformSchema* transform(const std::string& name) const = 0;
   /// The names of the caller's transforms, for messages.
   virtual std::vector<std::string> transform_names() const = 0;
+  /// The filter predicate called `name` in the caller's registry, or null.
+  virtual const PredicateSchema* predicate(const std::string& name) const = 0;
+  /// The names of the caller's predicates, for messages.
+  virtual std::vector<std::string> predicate_names() const = 0;
   /// Reads `files` as this node's input pipelines (YAML without batch), with the caller's
   /// registries; returns each input's canonical description ("{k=v; k=v}"). The inputs go
   /// with the node that add() adds next.
@@ -230,6 +235,8 @@ struct YamlForm {
   std::vector<ParamSchema> params;  ///< what YAML takes (the schema shows these)
   /// A parameter whose value picks extra parameters (map: `fn`), or "".
   std::string dispatch;
+  /// What a dispatch value names, for messages ("unknown transform 'x'").
+  std::string dispatch_what = "transform";
   /// The extra parameters for a dispatch value; null for an unknown value (whose error lists
   /// dispatch_choices). The context's registries answer, before the node is read.
   std::function<const std::vector<ParamSchema>*(const YamlContext&, const std::string& value)>

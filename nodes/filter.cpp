@@ -18,50 +18,42 @@ double first_value(const Tensor& t, const std::string& field) {
   });
 }
 
-const std::vector<ParamSchema>& filter_params() {
-  static const std::vector<ParamSchema> params = {
-      {.name = "fn",
-       .type = ParamType::kString,
-       .doc = "length: the field's first dimension in [min, max]; value: its first element in "
-              "[min, max]; keep_fraction: a seeded coin per sample and epoch",
-       .required = true,
-       .choices = {"length", "value", "keep_fraction"}},
-      {.name = "field", .type = ParamType::kString, .doc = "the field (length, value)"},
-      {.name = "min", .type = ParamType::kFloat, .doc = "inclusive lower bound (length, value)"},
-      {.name = "max", .type = ParamType::kFloat, .doc = "inclusive upper bound (length, value)"},
-      {.name = "fraction",
-       .type = ParamType::kFloat,
-       .doc = "keep_fraction: the share of samples kept",
-       .min = 0,
-       .max = 1},
-  };
-  return params;
-}
-
-/// `- filter: {fn: length|value|keep_fraction, ...}`: a named predicate.
-void read_filter(YamlContext& ctx) {
-  const Params& p = ctx.params();
-  const std::string fn = p.string("fn");
-  FilterOptions o{.name = fn, .params = p.describe(filter_params())};
-  std::erase_if(o.params, [](const DescribedParam& d) { return d.key == "fn"; });
-  if (fn == "keep_fraction") {
-    if (!p.has("fraction")) throw ConfigError("fraction", "keep_fraction needs a fraction");
-    const double f = p.real("fraction");
-    o.fn = [f](const Sample&, MapContext& c) {
-      return static_cast<double>(c.rng() >> 11) * 0x1p-53 < f;
-    };
-    ctx.add(filter_node(), std::move(o));
-    return;
+/// `length` and `value`: a field's first dimension (or first element) in [min, max].
+struct RangeOptions {
+  std::optional<std::string> field;
+  std::optional<double> min;
+  std::optional<double> max;
+  static constexpr auto table() {
+    return std::tuple{param("field", &RangeOptions::field, {.doc = "the field"}),
+                      param("min", &RangeOptions::min, {.doc = "inclusive lower bound"}),
+                      param("max", &RangeOptions::max, {.doc = "inclusive upper bound"})};
   }
-  if (!p.has("field")) throw ConfigError("field", fn + " needs a field");
-  if (!p.has("min") && !p.has("max")) throw ConfigError("min", fn + " needs min or max");
-  const std::string field = p.string("field");
-  const double lo = p.has("min") ? p.real("min") : -HUGE_VAL;
-  const double hi = p.has("max") ? p.real("max") : HUGE_VAL;
+};
+
+/// `keep_fraction`: a seeded coin per sample and epoch.
+struct KeepFractionOptions {
+  std::optional<double> fraction;
+  static constexpr auto table() {
+    return std::tuple{param("fraction", &KeepFractionOptions::fraction,
+                            {.min = 0, .max = 1, .doc = "the share of samples kept"})};
+  }
+  void validate() const {
+    if (!fraction) throw ConfigError("fraction", "keep_fraction needs a fraction");
+  }
+};
+
+/// The predicate `fn` (length or value) with range options `o`.
+Predicate range_predicate(const std::string& fn, const RangeOptions& o) {
+  if (!o.field) throw ConfigError("field", fn + " needs a field");
+  if (!o.min && !o.max) throw ConfigError("min", fn + " needs min or max");
+  const std::string field = *o.field;
+  const double lo = o.min.value_or(-HUGE_VAL);
+  const double hi = o.max.value_or(HUGE_VAL);
   const FieldId id = field_id(field);
   const bool length = fn == "length";
-  if (length) o.by_length = LengthRule{.field = id, .min = lo, .max = hi};
-  o.fn = [=](const Sample& s, MapContext&) {
+  Predicate out;
+  if (length) out.by_length = LengthRule{.field = id, .min = lo, .max = hi};
+  out.fn = [=](const Sample& s, MapContext&) {
     const Tensor* t = s.find(id);
     if (t == nullptr)
       throw DataError("", DataError::kNoOffset,
@@ -70,7 +62,38 @@ void read_filter(YamlContext& ctx) {
                             : first_value(*t, field);
     return v >= lo && v <= hi;
   };
-  ctx.add(filter_node(), std::move(o));
+  return out;
+}
+
+/// `- filter: {fn: NAME, ...}`: `fn` names a predicate of the caller's registry, whose
+/// parameters go beside it.
+std::shared_ptr<const YamlForm> filter_yaml() {
+  auto f = std::make_shared<YamlForm>();
+  f->doc = "drops samples a named predicate rejects; batches stay full and resume stays exact";
+  f->params = {{.name = "fn",
+                .type = ParamType::kString,
+                .doc = "the predicate (see the predicates below); its parameters go beside fn",
+                .required = true}};
+  f->dispatch = "fn";
+  f->dispatch_what = "predicate";
+  f->extra_params = [](const YamlContext& ctx,
+                       const std::string& fn) -> const std::vector<ParamSchema>* {
+    const PredicateSchema* s = ctx.predicate(fn);
+    return s != nullptr ? &s->params : nullptr;
+  };
+  f->dispatch_choices = [](const YamlContext& ctx) { return ctx.predicate_names(); };
+  f->read = [](YamlContext& ctx) {
+    const Params& p = ctx.params();
+    const std::string& fn = p.string("fn");
+    const PredicateSchema* s = ctx.predicate(fn);
+    if (s == nullptr) throw ConfigError("fn", "unknown predicate '" + fn + "'");
+    Predicate made = s->make(p);
+    ctx.add(filter_node(), FilterOptions{.name = fn,
+                                         .params = p.describe(s->params),
+                                         .fn = std::move(made.fn),
+                                         .by_length = made.by_length});
+  };
+  return f;
 }
 
 }  // namespace
@@ -94,14 +117,27 @@ const NodeDef& filter_node() {
                                                direct ? o.by_length : std::nullopt));
         },
         inspect_fields<FilterState>);
-    auto f = std::make_shared<YamlForm>();
-    f->doc = "drops samples a named predicate rejects; batches stay full and resume stays exact";
-    f->params = filter_params();
-    f->read = read_filter;
-    d.yaml = std::move(f);
+    d.yaml = filter_yaml();
     return d;
   }();
   return def;
+}
+
+std::vector<PredicateSchema> builtin_predicates() {
+  return {define_predicate<RangeOptions>(
+              "length", "the field's first dimension in [min, max] (decided from an index alone)",
+              [](const RangeOptions& o, const Params&) { return range_predicate("length", o); }),
+          define_predicate<RangeOptions>(
+              "value", "the field's first element in [min, max]",
+              [](const RangeOptions& o, const Params&) { return range_predicate("value", o); }),
+          define_predicate<KeepFractionOptions>(
+              "keep_fraction", "a seeded coin per sample and epoch: keeps a fraction of them",
+              [](const KeepFractionOptions& o, const Params&) {
+                const double f = *o.fraction;
+                return Predicate{.fn = [f](const Sample&, MapContext& c) {
+                  return static_cast<double>(c.rng() >> 11) * 0x1p-53 < f;
+                }};
+              })};
 }
 
 NodeDescription FilterOptions::describe() const {

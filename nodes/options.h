@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "flowstate/core/dtype.h"
 #include "flowstate/core/error.h"
 #include "flowstate/nodes/description.h"
 #include "flowstate/nodes/params.h"
@@ -48,6 +49,12 @@ struct EnumNames;
 template <class E>
 concept NamedEnum = std::is_enum_v<E> && requires {
   EnumNames<E>::values;
+};
+
+/// Element types as options (a transform's `dtype`), by their names.
+template <>
+struct EnumNames<DType> {
+  static constexpr const auto& values = kDTypeNames;
 };
 
 /// The name of `e` ("global").

@@ -192,4 +192,17 @@ std::string describe_params(const std::vector<ParamSchema>& params, std::string_
   return out;
 }
 
+ConfigError param_error(const Params& p, std::string_view param, const std::string& message) {
+  std::string key = p.key(param);
+  std::string where = p.where(param);
+  return ConfigError(key, (where.empty() ? "" : where + ": ") + key + ": " + message);
+}
+
+DataError param_data_error(const Params& p, std::string_view param, const std::string& message) {
+  const std::string key = p.key(param);
+  const std::string where = p.where(param);
+  return DataError("", DataError::kNoOffset,
+                   (where.empty() ? "" : where + ": ") + key + ": " + message);
+}
+
 }  // namespace flowstate

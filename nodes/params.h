@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "flowstate/core/error.h"
 #include "flowstate/nodes/description.h"
 
 namespace flowstate {
@@ -121,6 +122,16 @@ std::string check_param(const ParamSchema& p, const ParamValue& value);
 /// Checks the number `value`, written as `text`, against `p`'s bounds; returns the problem
 /// ("300 is out of range (must be between 1 and 255)") or "".
 std::string check_number(const ParamSchema& p, double value, const std::string& text);
+
+/// A ConfigError about parameter `param` of `p`: its key is p.key(param) and its message
+/// "file:line:col: key: message" (the location omitted when unknown).
+ConfigError param_error(const Params& p, std::string_view param, const std::string& message);
+
+/// A DataError about what a record (or batch) holds, found at run time while applying
+/// parameter `param` of `p`: the message is param_error's ("file:line:col: key: message"), so
+/// it still points at the YAML value, but the data is what does not fit it (exit status 3).
+/// Problems the configuration alone shows stay ConfigErrors, found when the pipeline is built.
+DataError param_data_error(const Params& p, std::string_view param, const std::string& message);
 
 /// Documentation of a parameter list, one line per parameter, for `flowstate schema`.
 std::string describe_params(const std::vector<ParamSchema>& params, std::string_view indent);

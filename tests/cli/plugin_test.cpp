@@ -140,6 +140,63 @@ TEST_F(CliPlugin, StagesAfterBatchFromAPluginVerifyAndRun) {
       << r.err;
 }
 
+TEST_F(CliPlugin, ATransformAndAPredicateFromAPluginWorkInEveryInputOfAMix) {
+  // The plugin is loaded by the top file only; its xor_bytes and byte_below are known in every
+  // mix input. byte_below 128 keeps exactly what the built-in value (max 127) keeps, and
+  // xor_bytes twice with one key gives the bytes back: the two mixes hand out the same batches.
+  const std::string rel = fs::relative(kPlugin, dir_.path()).string();
+  const std::string source = "source: {type: records, paths: data/*.bin, record_bytes: 64}\n";
+  write_file(dir_ / "plugin_in.yaml", source +
+                                          "nodes:\n"
+                                          "  - filter: {fn: byte_below, below: 128}\n"
+                                          "  - map: {fn: xor_bytes, key: 90}\n"
+                                          "  - map: {fn: xor_bytes, key: 90}\n");
+  write_file(dir_ / "builtin_in.yaml",
+             source + "nodes:\n  - filter: {fn: value, field: data, max: 127}\n");
+  write_file(dir_ / "other_in.yaml", source + "nodes:\n  - shuffle: {mode: global}\n");
+  auto mix = [&](const std::string& input, const std::string& plugins) {
+    return "seed: 8\n" + plugins + "source: {type: mix, inputs: [" + input +
+           ", other_in.yaml], weights: [1, 1]}\n"
+           "nodes:\n  - batch: {size: 16}\n";
+  };
+  write_file(dir_ / "plugin_mix.yaml", mix("plugin_in.yaml", "plugins: [" + rel + "]\n"));
+  write_file(dir_ / "builtin_mix.yaml", mix("builtin_in.yaml", ""));
+  CliResult r = run({"run", "plugin_mix.yaml", "--steps", "40", "--digests", "plugin.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run({"run", "builtin_mix.yaml", "--steps", "40", "--digests", "builtin.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_EQ(read_lines(path("plugin.txt")).size(), 40u);
+  EXPECT_EQ(read_lines(path("plugin.txt")), read_lines(path("builtin.txt")));
+  r = run({"verify", "plugin_mix.yaml", "--steps", "60", "--trials", "2", "--seed", "3"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  // One xor_bytes changes every byte: the batches differ.
+  write_file(dir_ / "plugin_in.yaml", source +
+                                          "nodes:\n  - filter: {fn: byte_below, below: 128}\n"
+                                          "  - map: {fn: xor_bytes, key: 90}\n");
+  r = run({"run", "plugin_mix.yaml", "--steps", "40", "--digests", "once.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(read_lines(path("once.txt")), read_lines(path("builtin.txt")));
+  // Their tables check their parameters, with the input file's location.
+  write_file(dir_ / "plugin_in.yaml", source + "nodes:\n  - map: {fn: xor_bytes, key: 300}\n");
+  r = run({"validate", "plugin_mix.yaml"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("plugin_in.yaml:3:31: nodes[0].map.key: 300 is out of range (must be at "
+                       "most 255)"),
+            std::string::npos)
+      << r.err;
+  // And the schema lists them with what their tables declare.
+  r = run({"--plugin", kPlugin, "schema", "byte_below"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("filter fn: byte_below: keeps the samples whose field's first byte is "
+                       "below `below`\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  below (an unsigned integer, required, 1..256): kept: a first byte "
+                       "below this\n"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST_F(CliPlugin, InspectDecodesTheNodesStateWithThePlugin) {
   ASSERT_EQ(run({"run", "p.yaml", "--steps", "100", "--checkpoint-dir", "ck"}).status, 0);
   CliResult r = run({"--plugin", kPlugin, "inspect", "ck", "--json"});

@@ -270,6 +270,79 @@ TEST(YamlPipeline, AMixInputReadsWithTheCallersRegistries) {
   }
 }
 
+/// A predicate of a program's own: keeps the records whose id (the index in the file) is even.
+struct EvenOptions {
+  std::uint64_t every = 2;
+  static constexpr auto table() {
+    return std::tuple{
+        param("every", &EvenOptions::every, {.min = 1, .doc = "keeps one record in `every`"})};
+  }
+};
+
+TEST(YamlPipeline, AProgramsPredicateIsDeclaredByItsTableAndWorksInAMixInput) {
+  TempDir dir;
+  const std::string glob = testing::write_records(dir.str(), 40, 8, 1);
+  TransformRegistry functions = TransformRegistry::with_builtins();
+  functions.add(define_predicate<EvenOptions>(
+      "one_in", "keeps one record in `every`", [](const EvenOptions& o, const Params&) {
+        return Predicate{.fn = [every = o.every](const Sample& s, MapContext&) {
+          return s.ref.record().index % every == 0;
+        }};
+      }));
+  // The table is the predicate's parameters: its default, bound and doc.
+  const PredicateSchema* one_in = functions.find_predicate("one_in");
+  ASSERT_NE(one_in, nullptr);
+  ASSERT_EQ(one_in->params.size(), 1u);
+  EXPECT_EQ(std::get<std::uint64_t>(*one_in->params[0].default_value), 2u);
+  EXPECT_EQ(*one_in->params[0].min, 1.0);
+  EXPECT_THROW(
+      functions.add(define_predicate<EvenOptions>(
+          "length", "taken", [](const EvenOptions&, const Params&) { return Predicate{}; })),
+      std::invalid_argument);
+
+  const std::string source = "source: {type: records, paths: '" + glob + "', record_bytes: 8}\n";
+  std::ofstream(dir.path() / "in.yaml") << source << "nodes: [{filter: {fn: one_in, every: 4}}]\n";
+  YamlOptions o;
+  o.transforms = &functions;
+  o.base_dir = dir.path();
+  const std::string text =
+      "source: {type: mix, inputs: [in.yaml, in.yaml], weights: [1, 1]}\n"
+      "nodes: [{batch: {size: 10}}]\n";
+  Loader loader(from_yaml_string(text, "p.yaml", o));
+  std::vector<std::uint64_t> records;
+  while (auto b = loader.next())
+    for (const Ref& r : b->info.refs) records.push_back(r.record().index);
+  // Each input keeps 10 of its 40 records.
+  ASSERT_GE(records.size(), 10u);
+  ASSERT_LE(records.size(), 20u);
+  for (auto r : records) EXPECT_EQ(r % 4, 0u) << r;
+  // A bound is the table's, said at the input's entry.
+  std::ofstream(dir.path() / "in.yaml") << source << "nodes: [{filter: {fn: one_in, every: 0}}]\n";
+  try {
+    from_yaml_string(text, "p.yaml", o);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("nodes[0].filter.every: 0 is out of range (must be at "
+                                         "least 1)"),
+              std::string::npos)
+        << e.what();
+  }
+  // Without the program's registry, the input names a predicate nobody registered.
+  std::ofstream(dir.path() / "in.yaml") << source << "nodes: [{filter: {fn: one_in}}]\n";
+  YamlOptions plain;
+  plain.base_dir = dir.path();
+  try {
+    from_yaml_string(text, "p.yaml", plain);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "nodes[0].filter.fn: unknown predicate 'one_in' (known: length, value, "
+                  "keep_fraction)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(YamlPipeline, AProgramRegistersItsOwnNodesAndTransforms) {
   TempDir dir;
   const std::string glob = testing::write_records(dir.str(), 12, 8, 1);
