@@ -155,7 +155,8 @@ RunArgs parse_run_args(const Args& args) {
   const bool auto_workers = args.value("--workers") == "auto";
   run.workers =
       auto_workers ? std::optional<std::uint64_t>(kAuto) : args.uint("--workers", 1, 1024);
-  run.progress_interval = static_cast<double>(args.uint("--progress-interval").value_or(10));
+  if (auto p = args.value("--progress-interval"))
+    run.progress_interval = parse_seconds(*p, "--progress-interval", /*allow_zero=*/true);
   for (const auto& s : args.values("--skip")) run.skips.push_back(parse_skip(s));
   return run;
 }

@@ -263,13 +263,31 @@ TEST_F(Cli, ProgressShowsPercentAndEtaWhenTheStepsAreKnown) {
       << r.err;
 }
 
+TEST_F(Cli, ProgressIntervalIsSecondsLikeTheMetricsInterval) {
+  // The help says seconds: a fraction is accepted, as --metrics-interval's is.
+  CliResult r = run({"run", "p.yaml", "--steps", "5", "--progress-interval", "0.5"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  r = run({"run", "p.yaml", "--steps", "5", "--progress-interval", "0.5", "--metrics", "m.jsonl",
+           "--metrics-interval", "0.2"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (const char* bad : {"-1", "soon", "0.5s"}) {
+    r = run({"run", "p.yaml", "--steps", "5", "--progress-interval", bad});
+    EXPECT_EQ(r.status, 2) << bad;
+    EXPECT_NE(r.err.find("--progress-interval expects a non-negative number of seconds, got '" +
+                         std::string(bad) + "'"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
 TEST_F(Cli, BenchNamesTheBottleneckAndWarnsWhenTheTimingIsShort) {
   CliResult r = run({"bench", "p.yaml", "--steps", "20", "--warmup", "2", "--repeat", "1"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(std::regex_search(
       r.out, std::regex("\nbottleneck: ([a-z_:#]+ — [0-9]+% busy (on [0-9]+ workers?|in the "
-                        "spine|in deliver).*|the consumer — the graph waited on it [0-9]+ "
-                        "times, it on the graph [0-9]+|not measured — .*--steps\\))\n")))
+                        "spine|in deliver).*|the consumer — [0-9]+% busy, the graph waited on "
+                        "it [0-9]+ times, it on the graph [0-9]+|none saturated — .*|not "
+                        "measured — .*--steps\\))\n")))
       << r.out;
   EXPECT_TRUE(std::regex_search(
       r.err, std::regex("flowstate: warning: the timed part took [0-9.]+ m?s, shorter than a "
@@ -309,7 +327,10 @@ TEST_F(Cli, BenchTraceShowsTheNodeTheVerdictNames) {
   }
   ASSERT_FALSE(workers.empty());
   if (verdict.rfind("the consumer", 0) == 0) GTEST_SKIP() << "consumer-bound: " << verdict;
-  const std::string node = verdict.substr(0, verdict.find(" — "));
+  const std::string none = "none saturated — the busiest, ";
+  const std::string node = verdict.rfind(none, 0) == 0
+                               ? verdict.substr(none.size(), verdict.find(", is ") - none.size())
+                               : verdict.substr(0, verdict.find(" — "));
   const auto& group = verdict.find("in the spine") != std::string::npos ? spine : workers;
   ASSERT_TRUE(group.count(node)) << node << " has no spans where the verdict puts it";
   // The trace covers the first batch too, the verdict only the timed part: nodes within a few
