@@ -908,6 +908,32 @@ TEST_F(Cli, EveryCommandHasHelp) {
 
 // ---- inspect ----
 
+TEST_F(Cli, InspectJsonOfAPathThatIsNotUtf8IsValidJsonWithReplacementCharacters) {
+  // A data directory named in Latin-1 ("d\xe9"): the run works on the bytes; inspect's JSON
+  // shows each byte outside UTF-8 as U+FFFD (README: inspect), in the pipeline and node states.
+  ASSERT_EQ(run({"gen", "records", "--out", "d\xe9", "--records", "100", "--record-bytes", "8",
+                 "--shards", "1"})
+                .status,
+            0);
+  write_file(dir_ / "latin1.yaml",
+             "source: {type: records, paths: \"d\xe9/*.bin\", record_bytes: 8}\n"
+             "nodes:\n  - batch: {size: 4}\n");
+  CliResult r = run({"run", "latin1.yaml", "--steps", "3", "--checkpoint-dir", "ck\xe9"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run({"inspect", "ck\xe9", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
+  EXPECT_EQ(j["path"], "ck\uFFFD/step-000000000003");
+  bool found = false;
+  for (const auto& p : j["pipeline"])
+    if (p["value"] == "d\uFFFD/*.bin") found = true;
+  EXPECT_TRUE(found) << j["pipeline"].dump();
+  EXPECT_EQ(j["nodes"][0]["state"]["files"][0]["name"], "d\uFFFD/part-00000.bin");
+  r = run({"inspect", "ck\xe9"});
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
 TEST_F(Cli, InspectShowsWhatACheckpointHolds) {
   ASSERT_EQ(run({"run", "p.yaml", "--steps", "130", "--checkpoint-dir", "ck", "--checkpoint-every",
                  "50", "--skip", "128:129"})
