@@ -119,6 +119,45 @@ TEST_F(GroupCheckpoint, RestoreAgreesOnTheNewestStepEveryRankVerifies) {
   EXPECT_EQ(steps, (std::vector<std::uint64_t>{5, 5, 5}));
 }
 
+TEST_F(GroupCheckpoint, WhenARankVerifiesNoStepItsReasonsReachEveryRanksError) {
+  ThreadGroup group(kWorld);
+  expect_no_errors(group.run([&](std::uint64_t r, std::shared_ptr<Coordinator> c) {
+    Loader l(pipeline(r), {.coordinator = c});
+    for (int step : {5, 10}) {
+      while (!l.last_step() || *l.last_step() + 1 < static_cast<std::uint64_t>(step)) l.next();
+      l.save_checkpoint(ck());
+    }
+  }));
+  // Rank 1's part of every step is damaged: the directory is shared, its parts fail their
+  // checksums, and the error says so for rank 1 (not that the directory must be shared).
+  for (const char* step : {"step-000000000005", "step-000000000010"}) {
+    std::fstream f(ck() + "/" + step + "/rank-00001.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  const auto errors = group.run([&](std::uint64_t r, std::shared_ptr<Coordinator> c) {
+    Loader l(pipeline(r), {.coordinator = c});
+    l.restore(ck());
+  });
+  for (std::uint64_t r = 0; r < kWorld; ++r) {
+    const std::string& e = errors[r];
+    EXPECT_EQ(e, errors[0]) << "rank " << r;
+    EXPECT_EQ(e.find("shared by every rank"), std::string::npos) << e;
+    EXPECT_NE(e.find("verifies on every rank:\n  rank 0 verifies steps 10, 5\n  rank 1 verifies "
+                     "no step; it refuses:\n    " +
+                     ck() + "/step-000000000010: '" + ck() +
+                     "/step-000000000010/rank-00001.bin' is corrupt: its XXH3-64 checksum is "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("\n    " + ck() + "/step-000000000005: '" + ck() +
+                     "/step-000000000005/rank-00001.bin' is corrupt: its XXH3-64 checksum is "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("\n  rank 2 verifies steps 10, 5"), std::string::npos) << e;
+  }
+}
+
 TEST_F(GroupCheckpoint, NodeLocalDirectoriesAreRefused) {
   ThreadGroup group(kWorld);
   // Each rank given a directory of its own, as a node-local path per host would be.
