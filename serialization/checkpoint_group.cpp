@@ -32,6 +32,29 @@ void agree(Coordinator& coordinator, const std::optional<std::string>& error,
       throw CheckpointError(where, "rank " + std::to_string(r) + ": " + all[r].substr(1));
 }
 
+std::optional<RunLock> hold_checkpoint_directory(const std::string& dir, Coordinator* coordinator) {
+  const std::string path = join(dir, kRunLockFile);
+  std::optional<RunLock> lock;
+  auto take = [&] {
+    create_directories_durably(dir);
+    lock.emplace(path, "checkpoint directory " + quote(dir));
+  };
+  if (coordinator == nullptr) {
+    take();
+    return lock;
+  }
+  std::optional<std::string> error;
+  if (coordinator->rank() == 0) {
+    try {
+      take();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(*coordinator, error, path);
+  return lock;
+}
+
 namespace {
 
 /// Runs `fn` and returns its error's message instead of throwing it.

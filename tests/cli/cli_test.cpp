@@ -238,6 +238,46 @@ TEST_F(Cli, VersionHelpAndDidYouMean) {
       << r.err;
 }
 
+TEST_F(Cli, ASecondRunOnAHeldCheckpointDirectoryIsRefusedNamingTheHolder) {
+  // The first run holds ck until it dies (epochs 0: it does not end on its own).
+  CliProcess first(
+      {"run", "p.yaml", "--epochs", "0", "--checkpoint-dir", "ck", "--checkpoint-every", "20"},
+      dir_.str());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!fs::exists(path("ck/" + step_dir(20)))) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no checkpoint in 30 s";
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const std::string holder = "in use by another run (pid " + std::to_string(first.pid()) + ", ";
+  for (const std::vector<std::string>& more :
+       {std::vector<std::string>{"--resume"}, {}, {"--overwrite"}}) {
+    std::vector<std::string> args = {"run", "p.yaml", "--steps", "300", "--checkpoint-dir", "ck"};
+    args.insert(args.end(), more.begin(), more.end());
+    CliResult r = run(args);
+    EXPECT_EQ(r.status, 4) << r.err;
+    EXPECT_NE(r.err.find("flowstate: error: checkpoint directory 'ck' is " + holder +
+                         "which holds the lock 'ck/.run.lock')"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("resumed"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(first.exited());
+  EXPECT_TRUE(fs::exists(path("ck/LATEST")));  // --overwrite discarded nothing
+  // A SIGKILL leaves nothing held: the next run resumes (and takes 5 steps more).
+  first.signal(SIGKILL);
+  EXPECT_EQ(first.wait().status, 128 + SIGKILL);
+  std::uint64_t newest = 0;
+  for (const auto& e : fs::directory_iterator(path("ck"))) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos)
+      newest = std::max<std::uint64_t>(newest, std::stoull(name.substr(5)));
+  }
+  CliResult r = run({"run", "p.yaml", "--epochs", "0", "--steps", std::to_string(newest + 5),
+                     "--checkpoint-dir", "ck", "--resume"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flowstate: resumed from ck/step-"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, CheckpointEveryIsTheYamlsEverySteps) {
   CliResult r =
       run({"run", "p.yaml", "--steps", "10", "--checkpoint-dir", "ck", "--checkpoint-every", "4"});

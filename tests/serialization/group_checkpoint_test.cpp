@@ -3,6 +3,8 @@
 // rank verifies. The ranks are threads here (testing::ThreadGroup); tests/mpi runs processes
 // under mpirun.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/serialization/checkpoint.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -156,6 +159,50 @@ TEST_F(GroupCheckpoint, WhenARankVerifiesNoStepItsReasonsReachEveryRanksError) {
         << e;
     EXPECT_NE(e.find("\n  rank 2 verifies steps 10, 5"), std::string::npos) << e;
   }
+}
+
+TEST_F(GroupCheckpoint, AJobHoldsItsDirectoryOnceAndASecondJobIsRefusedOnEveryRank) {
+  // One job's ranks share the directory: rank 0 holds it for them all, none refuses another.
+  ThreadGroup group(kWorld);
+  std::vector<int> holds(kWorld);
+  expect_no_errors(group.run([&](std::uint64_t r, std::shared_ptr<Coordinator> c) {
+    holds[r] = hold_checkpoint_directory(ck(), c.get()).has_value() ? 1 : 0;
+  }));
+  EXPECT_EQ(holds, (std::vector<int>{1, 0, 0}));
+
+  // Another process (another job) holds it: every rank of this job is refused alike, naming it.
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t holder = ::fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    RunLock lock(ck() + "/.run.lock", "ck");
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1 || ::read(done[0], &c, 1) < 0) ::_exit(1);
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const auto errors = group.run([&](std::uint64_t, std::shared_ptr<Coordinator> c) {
+    hold_checkpoint_directory(ck(), c.get());
+  });
+  for (std::uint64_t r = 0; r < kWorld; ++r)
+    EXPECT_EQ(errors[r], "rank 0: checkpoint directory '" + ck() +
+                             "' is in use by another run (pid " + std::to_string(holder) +
+                             ", which holds the lock '" + ck() +
+                             "/.run.lock'): two runs writing one directory would overwrite each "
+                             "other's checkpoints; wait for that run to end, or give this one "
+                             "another directory")
+        << "rank " << r;
+  // Its end (a SIGKILL) releases it.
+  ::kill(holder, SIGKILL);
+  int status = 0;
+  ::waitpid(holder, &status, 0);
+  expect_no_errors(group.run([&](std::uint64_t, std::shared_ptr<Coordinator> c) {
+    hold_checkpoint_directory(ck(), c.get());
+  }));
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
 }
 
 TEST_F(GroupCheckpoint, NodeLocalDirectoriesAreRefused) {
