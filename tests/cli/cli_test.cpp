@@ -707,8 +707,10 @@ TEST_F(Cli, AFreshRunRefusesADirectoryThatHoldsCheckpoints) {
   EXPECT_NE(r.err.find("flowstate: discarded the checkpoints in 'ck' (--overwrite)\n"),
             std::string::npos)
       << r.err;
+  // (.run.lock: the run's hold on the directory, kept like the writers' .lock.)
   EXPECT_EQ(names_in(path("ck")),
-            (std::set<std::string>{".lock", "LATEST", step_dir(10), step_dir(20), step_dir(25)}));
+            (std::set<std::string>{".lock", ".run.lock", "LATEST", step_dir(10), step_dir(20),
+                                   step_dir(25)}));
   EXPECT_EQ(read_lines(path("d.txt")), expected_digests(25));
   r = run({"run", "p.yaml", "--steps", "30", "--checkpoint-dir", "ck", "--resume"});
   ASSERT_EQ(r.status, 0) << r.err;
