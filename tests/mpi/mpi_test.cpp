@@ -283,16 +283,15 @@ TEST_F(MpiRun, AJobHoldsItsCheckpointDirectoryAndASecondJobIsRefusedOnEveryRank)
   pipeline("p.yaml", 20000, "  - shard: {}\n  - shuffle: {mode: global}\n  - batch: {size: 16}\n",
            400);
   // The first job's three ranks share ck (rank 0 holds it for the job): it checkpoints.
-  CliProcess first(mpirun_args(3, testing::cli_path(),
-                               {"run", "p.yaml", "--checkpoint-dir", "ck", "--checkpoint-every",
-                                "50"}),
-                   dir_.str(), FLOWSTATE_MPIEXEC, /*own_session=*/true);
+  CliProcess first(
+      mpirun_args(3, testing::cli_path(),
+                  {"run", "p.yaml", "--checkpoint-dir", "ck", "--checkpoint-every", "50"}),
+      dir_.str(), FLOWSTATE_MPIEXEC, /*own_session=*/true);
   for (int i = 0; i < 3000 && !std::filesystem::exists(dir_ / "ck/step-000000000100"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(std::filesystem::exists(dir_ / "ck/step-000000000100"));
   // A second job on the same directory: refused on each of its ranks, naming the holder.
-  CliResult second =
-      mpirun(2, {"run", "p.yaml", "--checkpoint-dir", "ck", "--resume"}, dir_.str());
+  CliResult second = mpirun(2, {"run", "p.yaml", "--checkpoint-dir", "ck", "--resume"}, dir_.str());
   EXPECT_NE(second.status, 0);
   const std::string refusal =
       "flowstate: error: rank 0: checkpoint directory 'ck' is in use by another run (pid ";
