@@ -23,6 +23,7 @@
 #include "flowstate/core/launcher.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/serialization/checkpoint.h"
 #ifdef FLOWSTATE_HAVE_MPI
 #include "flowstate/mpi/mpi_coordinator.h"
 #endif
@@ -70,6 +71,10 @@ constexpr const char* kUsage =
     "                          (default 10; 0: a line per batch). A line shows the percent\n"
     "                          done and an ETA when the number of steps is known (--steps,\n"
     "                          or epochs x batches per epoch)\n\n"
+    "A run holds its checkpoint directory while it runs (a lock on DIR/.run.lock, which the\n"
+    "kernel releases when the process ends, however it ends): a second run on it, with or\n"
+    "without --resume, is refused at once (exit status 4) naming the holder's pid. Ranks\n"
+    "sharing one directory hold it as one job.\n\n"
     "With a checkpoint directory, the run also checkpoints its last batch when it ends, and\n"
     "SIGTERM or SIGINT stop it cleanly after checkpointing the last delivered batch; a second\n"
     "signal kills it.\n\n"
@@ -83,7 +88,9 @@ constexpr const char* kUsage =
     "exit status: 0 the run ended (end of data or --steps); 143 stopped by SIGTERM, 130 by\n"
     "SIGINT (128 + the signal, as a shell reports it), once the final checkpoint is durable,\n"
     "so a scheduler can tell a preempted run from a finished one; 2 usage or configuration\n"
-    "error, 3 data error, 4 checkpoint error.\n";
+    "error, 3 data error (a node's, named), 4 checkpoint error (also: the directory is held by\n"
+    "another run); 1 anything else; killed by signal N (a second SIGTERM or SIGINT, SIGKILL):\n"
+    "128 + N, as a shell reports it.\n";
 
 std::pair<std::uint64_t, std::uint64_t> parse_skip(const std::string& s) {
   auto colon = s.find(':');
@@ -155,7 +162,8 @@ RunArgs parse_run_args(const Args& args) {
   const bool auto_workers = args.value("--workers") == "auto";
   run.workers =
       auto_workers ? std::optional<std::uint64_t>(kAuto) : args.uint("--workers", 1, 1024);
-  run.progress_interval = static_cast<double>(args.uint("--progress-interval").value_or(10));
+  if (auto p = args.value("--progress-interval"))
+    run.progress_interval = parse_seconds(*p, "--progress-interval", /*allow_zero=*/true);
   for (const auto& s : args.values("--skip")) run.skips.push_back(parse_skip(s));
   return run;
 }
@@ -466,6 +474,12 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
   check_ranks_match_launcher(config, rank, world);
 
   const CheckpointPlan plan = plan_checkpoints(args, config, rank, world, coordinator);
+  // The directory is this run's (this job's, ranks sharing it) until the process ends: a
+  // second run on it is refused now, before it reads or discards anything.
+  const std::optional<RunLock> held =
+      plan.dir.empty()
+          ? std::nullopt
+          : hold_checkpoint_directory(plan.dir, plan.per_rank_dir ? nullptr : coordinator.get());
   refuse_or_discard_checkpoints(args, plan.dir);
 
   const LoaderOptions options = run_loader_options(args, config, run, plan, coordinator);

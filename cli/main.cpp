@@ -57,10 +57,12 @@ void usage(std::FILE* out) {
   for (const auto& c : kCommands)
     std::fprintf(out, "  %-10.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
                  static_cast<int>(c.summary.size()), c.summary.data());
-  std::fprintf(out,
-               "\nexit status: 0 success, 1 failure found (verify), 2 usage or configuration "
-               "error,\n3 data error, 4 checkpoint error; run stopped by SIGTERM or SIGINT: "
-               "128 + the signal\n(143, 130) after its final checkpoint\n");
+  std::fprintf(
+      out,
+      "\nexit status: 0 success, 1 failure found (verify), 2 usage or configuration "
+      "error,\n3 data error, 4 checkpoint error; run stopped by SIGTERM or SIGINT: "
+      "128 + the signal\n(143, 130) after its final checkpoint; killed by signal N: 128 + N. The "
+      "README lists\nevery status\n");
 }
 
 int fail(int status, const std::string& message) {
@@ -130,6 +132,9 @@ int main(int argc, char** argv) {
     return fail(kExitCheckpoint, error_message(e));
   } catch (const std::exception& e) {
     return fail(kExitFailed, error_message(e));
+  } catch (...) {
+    // Not a std::exception (a plugin's `throw 42` outside a node): a status, never an abort.
+    return fail(kExitFailed, current_exception_text());
   }
 }
 

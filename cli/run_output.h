@@ -118,8 +118,10 @@ class LineOutput {
 
 using Clock = std::chrono::steady_clock;
 
-/// A positive number of seconds ("0.5"); UsageError naming `flag` otherwise.
-inline double parse_seconds(const std::string& text, const std::string& flag) {
+/// A positive number of seconds ("0.5"), or also 0 with `allow_zero`; UsageError naming `flag`
+/// otherwise.
+inline double parse_seconds(const std::string& text, const std::string& flag,
+                            bool allow_zero = false) {
   std::size_t used = 0;
   double v = 0;
   try {
@@ -127,8 +129,9 @@ inline double parse_seconds(const std::string& text, const std::string& flag) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != text.size() || !(v > 0) || v > 1e6)
-    throw UsageError(flag + " expects a positive number of seconds, got '" + text + "'");
+  if (used != text.size() || !(allow_zero ? v >= 0 : v > 0) || v > 1e6)
+    throw UsageError(flag + " expects a " + (allow_zero ? "non-negative" : "positive") +
+                     " number of seconds, got '" + text + "'");
   return v;
 }
 

@@ -189,7 +189,9 @@ std::string describe_state(std::string_view state, const StateSource& source,
   j["skipped_steps"] = skips;
   j["nodes"] = nodes;
   if (!source.fields_json.empty()) j["state_dict"] = Json::parse(source.fields_json);
-  return j.dump(2);
+  // A path or value that is not UTF-8 (a file name in another encoding): each byte outside
+  // well-formed UTF-8 becomes U+FFFD, as the node states' JSON does (nodes/definition.cpp).
+  return j.dump(2, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string render_state_description(std::string_view description) {

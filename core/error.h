@@ -65,8 +65,22 @@ class CheckpointError : public Error {
   std::string file_;
 };
 
-/// Rethrows `e` prefixed with the node's name: a flowstate::Error keeps its type; any other
-/// exception becomes an Error whose message is "node 'NAME': what()".
+/// Rethrows `e`, an exception a node threw while it worked on the data (a pull, a map), prefixed
+/// with the node's name: a flowstate::Error keeps its type (one already naming a node is
+/// rethrown as it is); any other exception, of any type (std::bad_alloc, `throw 42`), becomes a
+/// DataError "node 'NAME': what()" ("node 'NAME': threw an exception of type int" when it is
+/// no std::exception), so the command exits with the data status, never an abort.
 [[noreturn]] void rethrow_with_node(std::exception_ptr e, const std::string& node);
+
+/// The same for an exception a node threw while it loaded its state (SpineNode::restore): a
+/// CheckpointError (what a restore throws on a state it refuses, saying why) is rethrown as it
+/// is; anything else, of any type, becomes a CheckpointError on `where` (the state file)
+/// "node 'NAME': its restore failed: what()".
+[[noreturn]] void rethrow_restore_with_node(std::exception_ptr e, const std::string& node,
+                                            const std::string& where);
+
+/// What the exception being handled says: what() of a std::exception, else "an exception of
+/// type T" (the demangled type of `throw 42`: int). Call it inside a catch block only.
+std::string current_exception_text();
 
 }  // namespace flowstate

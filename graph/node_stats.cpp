@@ -1,5 +1,7 @@
 #include "flowstate/graph/node_stats.h"
 
+#include "flowstate/core/error.h"
+
 namespace flowstate {
 
 namespace {
@@ -13,22 +15,44 @@ class TimedUpstream final : public SpineNode {
  public:
   TimedUpstream(SpineNode* inner, NodeCounters& counters)
       : SpineNode(inner->name()), inner_(inner), c_(counters) {}
-  std::uint64_t size(std::uint64_t epoch) const override { return inner_->size(epoch); }
+  std::uint64_t size(std::uint64_t epoch) const override {
+    try {
+      return inner_->size(epoch);
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), name());
+    }
+  }
   bool indexed() const override { return inner_->indexed(); }
   const SpineNode* underlying() const override { return inner_->underlying(); }
   // Not timed: a random-access read of a Ref is a few nanoseconds, called per Ref; it counts
   // as the caller's time.
   Ref at(std::uint64_t epoch, std::uint64_t i) const override { return inner_->at(epoch, i); }
-  void start_epoch(std::uint64_t epoch) override { inner_->start_epoch(epoch); }
+  void start_epoch(std::uint64_t epoch) override {
+    try {
+      inner_->start_epoch(epoch);
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), name());
+    }
+  }
+  // The node boundary: whatever the node throws (of any type) leaves it as a flowstate error
+  // naming it (rethrow_with_node); an error an upstream node already named passes unchanged.
   std::size_t pull(std::span<Ref> out) override {
-    SpineScope scope(c_);
-    const std::size_t n = inner_->pull(out);
-    scope.set_items(n);
-    return n;
+    try {
+      SpineScope scope(c_);
+      const std::size_t n = inner_->pull(out);
+      scope.set_items(n);
+      return n;
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), name());
+    }
   }
   std::size_t upcoming(std::span<Ref> out) override {
-    SpineScope scope(c_);  // the upstream's work (a filter deciding ahead) is its own time
-    return inner_->upcoming(out);
+    try {
+      SpineScope scope(c_);  // the upstream's work (a filter deciding ahead) is its own time
+      return inner_->upcoming(out);
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), name());
+    }
   }
   std::shared_ptr<const NodeSnapshot> snapshot() const override { return inner_->snapshot(); }
   void restore(InArchive& ar) override { inner_->restore(ar); }

@@ -200,11 +200,17 @@ Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs, NodeStatsTable* sta
 
 std::optional<BatchPlan> Spine::next() {
   if (planner_counters_ == nullptr) return planner_->next();
-  SpineScope scope(*planner_counters_);
-  std::optional<BatchPlan> plan =
-      planner_->next();  // stamped by the planner, before it looks ahead
-  if (plan) scope.set_items(plan->info.refs.size());
-  return plan;
+  // The batch node's boundary (its upstreams' are their timing wrappers, graph/node_stats.cpp,
+  // there with node stats only): an error the planner itself throws names it.
+  try {
+    SpineScope scope(*planner_counters_);
+    std::optional<BatchPlan> plan =
+        planner_->next();  // stamped by the planner, before it looks ahead
+    if (plan) scope.set_items(plan->info.refs.size());
+    return plan;
+  } catch (...) {
+    rethrow_with_node(std::current_exception(), sink_.batch_name);
+  }
 }
 
 Stamp Spine::snapshot() const { return snapshot_nodes(chain_.nodes); }

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <sstream>
+#include <stdexcept>
 
 #include <cereal/types/string.hpp>
 
@@ -71,6 +72,26 @@ void check_name(const std::string& saved, const SpineNode& n, const std::string&
         where, "the state holds node '" + saved + "' where this pipeline has '" + n.name() + "'");
 }
 
+/// Restores one node: bytes that end early or carry an impossible length (cereal::Exception,
+/// std::length_error) are a corrupt state of that node; anything else the node throws, of any
+/// type, is reported as its restore failing (rethrow_restore_with_node), never an abort.
+void restore_one(SpineNode& n, InArchive& ar, const std::string& where, bool legacy) {
+  try {
+    if (legacy)
+      n.restore_legacy(ar);
+    else
+      n.restore(ar);
+  } catch (const cereal::Exception& e) {
+    throw CheckpointError(
+        where, "node '" + n.name() + "': its state is truncated or corrupt: " + e.what());
+  } catch (const std::length_error& e) {
+    throw CheckpointError(
+        where, "node '" + n.name() + "': its state is truncated or corrupt: " + e.what());
+  } catch (...) {
+    rethrow_restore_with_node(std::current_exception(), n.name(), where);
+  }
+}
+
 }  // namespace
 
 void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
@@ -82,7 +103,7 @@ void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
     std::istringstream is{e.bytes, std::ios::binary};
     InArchive ar(is);
     StateReadLimit node_limit(e.bytes.size());
-    nodes[i]->restore(ar);
+    restore_one(*nodes[i], ar, where, false);
   }
 }
 
@@ -104,7 +125,7 @@ void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::st
       std::string name;
       load_bounded(ar, name);
       check_name(name, *n, where);
-      n->restore_legacy(ar);
+      restore_one(*n, ar, where, true);
     }
   } catch (const CheckpointError&) {
     throw;

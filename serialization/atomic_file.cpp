@@ -165,4 +165,46 @@ DirectoryLock::~DirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the only descriptor releases the flock
 }
 
+RunLock::RunLock(const std::string& path, const std::string& what) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(path, "create lock file", errno);
+  struct flock want {};
+  want.l_type = F_WRLCK;
+  want.l_whence = SEEK_SET;  // the whole file (l_start 0, l_len 0)
+  while (::fcntl(fd_, F_SETLK, &want) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    std::string holder;
+    if (err == EACCES || err == EAGAIN) {
+      struct flock held {};
+      held.l_type = F_WRLCK;
+      held.l_whence = SEEK_SET;
+      if (::fcntl(fd_, F_GETLK, &held) == 0 && held.l_type != F_UNLCK && held.l_pid > 0)
+        holder = "pid " + std::to_string(held.l_pid);
+      else if (std::string wrote = read_small_file(path, 64).substr(0, 20); !wrote.empty())
+        holder = "pid " + wrote;  // a holder in another pid namespace: what it wrote
+      else
+        holder = "another process";
+    }
+    ::close(fd_);
+    fd_ = -1;
+    if (holder.empty()) fail(path, "lock", err);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    throw CheckpointError(path, what + " is in use by another run (" + holder +
+                                    ", which holds the lock '" + path +
+                                    "'): two runs writing one directory would overwrite each "
+                                    "other's checkpoints; wait for that run to end, or give this "
+                                    "one another directory");
+  }
+  // For people (ls, cat): who holds it. The lock, not the file, decides.
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // Best effort: the lock is held either way.
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the record lock
+}
+
 }  // namespace flowstate

@@ -72,4 +72,26 @@ class DirectoryLock {
   int fd_ = -1;
 };
 
+/// A run's hold on a checkpoint directory: an exclusive POSIX record lock (fcntl F_SETLK) on
+/// the file `path`, created if needed and never removed, taken without waiting and held until
+/// destruction. The kernel releases it when the process dies (a SIGKILL never leaves it held).
+/// While it is held, another process's RunLock on the same file throws CheckpointError naming
+/// the holder's pid (F_GETLK). Per process: a second RunLock of the same process on the same
+/// file does not exclude the first, and closing the file elsewhere in the process would
+/// release it (nothing else opens it). The file also holds the holder's pid, for people.
+class RunLock {
+ public:
+  /// Throws CheckpointError on `path` when another process holds it ("in use by pid N"), or
+  /// when the file cannot be created or locked. `what` names the thing held in the message
+  /// ("checkpoint directory 'ck'").
+  RunLock(const std::string& path, const std::string& what);
+  ~RunLock();
+  RunLock(RunLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  RunLock& operator=(RunLock&&) = delete;
+  RunLock(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace flowstate

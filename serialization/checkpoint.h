@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "flowstate/core/coordinator.h"
+#include "flowstate/serialization/atomic_file.h"
 
 namespace flowstate {
 
@@ -108,6 +109,14 @@ std::optional<CheckpointFound> find_group_checkpoint(const std::string& dir,
 /// is the lowest failing rank's, prefixed "rank K: ".
 void agree(Coordinator& coordinator, const std::optional<std::string>& error,
            const std::string& where);
+
+/// Holds `dir` (created if needed) for a run's lifetime: a RunLock on `dir`/.run.lock that the
+/// kernel releases when the process dies. Throws CheckpointError naming the holder's pid when
+/// another run holds it. With `coordinator` (ranks sharing `dir`) it is the job's: rank 0 takes
+/// it, and every rank throws the same CheckpointError when it cannot (collective); the other
+/// ranks get nullopt. Ranks with directories of their own each pass null.
+std::optional<RunLock> hold_checkpoint_directory(const std::string& dir,
+                                                 Coordinator* coordinator = nullptr);
 
 /// The newest checkpoint under `dir` that verifies: every step-N directory from the highest N
 /// down (LATEST is only a hint and never chooses). Lists the ones skipped and why (and a

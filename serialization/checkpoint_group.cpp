@@ -32,6 +32,29 @@ void agree(Coordinator& coordinator, const std::optional<std::string>& error,
       throw CheckpointError(where, "rank " + std::to_string(r) + ": " + all[r].substr(1));
 }
 
+std::optional<RunLock> hold_checkpoint_directory(const std::string& dir, Coordinator* coordinator) {
+  const std::string path = join(dir, kRunLockFile);
+  std::optional<RunLock> lock;
+  auto take = [&] {
+    create_directories_durably(dir);
+    lock.emplace(path, "checkpoint directory " + quote(dir));
+  };
+  if (coordinator == nullptr) {
+    take();
+    return lock;
+  }
+  std::optional<std::string> error;
+  if (coordinator->rank() == 0) {
+    try {
+      take();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(*coordinator, error, path);
+  return lock;
+}
+
 namespace {
 
 /// Runs `fn` and returns its error's message instead of throwing it.
@@ -171,28 +194,47 @@ std::optional<CheckpointFound> find_group_checkpoint(const std::string& dir,
     }
     evidence = !verified.empty() || !find_checkpoint_evidence(dir).empty();
   });
+  // "0e 10 5" (evidence, the steps verified), then a line per reason a candidate failed.
   std::string mine = error ? "1" + *error : std::string(evidence ? "0e" : "0n");
-  for (const auto& f : verified) mine += " " + std::to_string(f.step);
+  if (!error) {
+    for (const auto& f : verified) mine += " " + std::to_string(f.step);
+    for (std::string reason : reasons) {
+      std::replace(reason.begin(), reason.end(), '\n', ' ');
+      mine += "\n" + reason;
+    }
+  }
   const std::vector<std::string> all = coordinator.all_gather(mine);
 
   std::optional<std::set<std::uint64_t>> common;
-  bool any_evidence = false;
+  bool any_evidence = false, blind = false;
   std::string summary;
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty() || all[r][0] == '1')
       throw CheckpointError(dir, "rank " + std::to_string(r) + ": " + all[r].substr(1));
     any_evidence |= all[r][1] == 'e';
+    blind |= all[r][1] == 'n';
+    const std::size_t eol = std::min(all[r].find('\n'), all[r].size());
+    const std::string head = all[r].substr(0, eol);
     std::set<std::uint64_t> steps;
     std::string list;
-    for (std::size_t at = 2; at < all[r].size();) {
-      const std::size_t next = std::min(all[r].find(' ', at + 1), all[r].size());
-      const std::uint64_t s = std::stoull(all[r].substr(at + 1, next - at - 1));
+    for (std::size_t at = 2; at < head.size();) {
+      const std::size_t next = std::min(head.find(' ', at + 1), head.size());
+      const std::uint64_t s = std::stoull(head.substr(at + 1, next - at - 1));
       steps.insert(s);
       list += (list.empty() ? "" : ", ") + std::to_string(s);
       at = next;
     }
     summary += "\n  rank " + std::to_string(r) + " verifies " +
                (list.empty() ? std::string("no step") : "steps " + list);
+    // Why this rank refused the others: its reasons, one per line below it.
+    if (eol < all[r].size()) {
+      summary += "; it refuses:";
+      for (std::size_t at = eol; at < all[r].size();) {
+        const std::size_t next = std::min(all[r].find('\n', at + 1), all[r].size());
+        summary += "\n    " + all[r].substr(at + 1, next - at - 1);
+        at = next;
+      }
+    }
     if (!common) {
       common = std::move(steps);
     } else {
@@ -204,10 +246,13 @@ std::optional<CheckpointFound> find_group_checkpoint(const std::string& dir,
   }
   if (!common || common->empty()) {
     if (!any_evidence) return std::nullopt;
-    throw CheckpointError(dir, "no checkpoint under '" + dir +
-                                   "' verifies on every rank (the directory must be one "
-                                   "directory shared by every rank):" +
-                                   summary);
+    // The hint fits when a rank sees no checkpoint at all where another does (a node-local
+    // directory); parts that fail their checks are said by the ranks' reasons.
+    throw CheckpointError(dir, "no checkpoint under '" + dir + "' verifies on every rank" +
+                                   (blind ? " (the directory must be one directory shared by "
+                                            "every rank)"
+                                          : "") +
+                                   ":" + summary);
   }
   const std::uint64_t step = *common->rbegin();
   for (auto& f : verified) {

@@ -26,6 +26,8 @@ constexpr std::string_view kStateFile = "state.bin";
 constexpr std::string_view kManifestFile = "MANIFEST.json";
 constexpr std::string_view kLatestFile = "LATEST";
 constexpr std::string_view kLockFile = ".lock";
+/// The run lock (RunLock): held by the run that checkpoints into the directory, for its lifetime.
+constexpr std::string_view kRunLockFile = ".run.lock";
 constexpr std::string_view kTmpSuffix = ".tmp";
 constexpr std::string_view kAsideSuffix = ".old";
 constexpr std::size_t kMaxManifestBytes = std::size_t{1} << 20;

@@ -398,16 +398,25 @@ const RunReport* median_run(const BenchReport& r) {
   return &r.runs[mid];
 }
 
+namespace {
+/// The busy share from which a stage (or the consumer) holds the others back.
+constexpr double kSaturated = 0.5;
+}  // namespace
+
 std::string bottleneck(const BenchReport& r) {
   const RunReport* run = median_run(r);
   if (run == nullptr) return "";
   char line[512];
-  // Every in-flight slot full and waiting while the consumer seldom waited: the graph keeps up.
-  if (run->graph_waits > run->consumer_waits) {
+  const double consumer_share = run->seconds > 0 ? run->consumer_busy_s / run->seconds : 0;
+  const int consumer_pct = static_cast<int>(consumer_share * 100 + 0.5);
+  // Every in-flight slot full and waiting while the consumer seldom waited, and the consumer
+  // busy most of the time: the graph keeps up. (Graph waits on a consumer that is idle are the
+  // hand-off's, not a slow consumer's: the verdict is then the busiest stage's.)
+  if (run->graph_waits > run->consumer_waits && consumer_share >= kSaturated) {
     std::snprintf(line, sizeof(line),
-                  "bottleneck: the consumer — the graph waited on it %llu times, it on the graph "
-                  "%llu",
-                  static_cast<unsigned long long>(run->graph_waits),
+                  "bottleneck: the consumer — %d%% busy, the graph waited on it %llu times, it on "
+                  "the graph %llu",
+                  consumer_pct, static_cast<unsigned long long>(run->graph_waits),
                   static_cast<unsigned long long>(run->consumer_waits));
     return line;
   }
@@ -441,6 +450,19 @@ std::string bottleneck(const BenchReport& r) {
   const std::string name = node != nullptr ? node->name : busiest->name;
   const int pct = static_cast<int>(share * 100 + 0.5);
   const int stage_pct = static_cast<int>(busiest->utilization * 100 + 0.5);
+  if (busiest->utilization < kSaturated) {
+    // Nothing works most of the time: no stage (nor the consumer) holds the others back.
+    const std::string where =
+        busiest->name == "assemble"
+            ? "on " + std::to_string(threads) + (threads == 1 ? " worker" : " workers")
+        : busiest->name == "spine" ? std::string("in the spine")
+                                   : std::string("in deliver");
+    std::snprintf(line, sizeof(line),
+                  "bottleneck: none saturated — the busiest, %s, is %d%% busy %s (the %s stage "
+                  "%d%% busy); the consumer %d%% busy",
+                  name.c_str(), pct, where.c_str(), busiest->name.c_str(), stage_pct, consumer_pct);
+    return line;
+  }
   if (busiest->name == "assemble") {
     std::snprintf(line, sizeof(line),
                   "bottleneck: %s — %d%% busy on %d worker%s (the workers %d%% busy)%s",

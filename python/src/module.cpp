@@ -15,6 +15,16 @@ using namespace flowstate::python;
 
 namespace {
 
+/// `s` as a Python str the way os.fsdecode makes one: UTF-8, a byte outside it kept as a lone
+/// surrogate (surrogateescape), so a non-UTF-8 path never raises UnicodeDecodeError and
+/// os.fsencode gives its bytes back.
+py::str fs_str(const std::string& s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
 // ---- schema ----
 
 py::object param_value(const ParamValue& v) {
@@ -392,8 +402,16 @@ PYBIND11_MODULE(_flowstate, m) {
                                for (const auto& n : p.pipeline.nodes()) names.push_back(n.name);
                                return names;
                              })
-      .def("canonical", [](const PyPipeline& p) { return p.pipeline.canonical(); })
-      .def("describe", [](const PyPipeline& p) { return p.pipeline.describe(); });
+      // Values that are not UTF-8 (a path in another encoding) decode as os.fsdecode does
+      // (surrogateescape): os.fsencode gives the bytes back.
+      .def("canonical",
+           [](const PyPipeline& p) {
+             py::list out;
+             for (const auto& [k, v] : p.pipeline.canonical())
+               out.append(py::make_tuple(fs_str(k), fs_str(v)));
+             return out;
+           })
+      .def("describe", [](const PyPipeline& p) { return fs_str(p.pipeline.describe()); });
 
   py::class_<PyLoader>(m, "Loader")
       .def(py::init<const PyPipeline&, std::uint64_t, std::optional<int>,

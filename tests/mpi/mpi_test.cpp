@@ -279,6 +279,40 @@ TEST_F(MpiRun, SigtermStopsEveryRankAtOneStepWithOneFinalCheckpoint) {
   EXPECT_EQ(found->step % 32, 0u) << "ranks agree on stopping every 32 steps";
 }
 
+TEST_F(MpiRun, AJobHoldsItsCheckpointDirectoryAndASecondJobIsRefusedOnEveryRank) {
+  pipeline("p.yaml", 20000, "  - shard: {}\n  - shuffle: {mode: global}\n  - batch: {size: 16}\n",
+           400);
+  // The first job's three ranks share ck (rank 0 holds it for the job): it checkpoints.
+  CliProcess first(
+      mpirun_args(3, testing::cli_path(),
+                  {"run", "p.yaml", "--checkpoint-dir", "ck", "--checkpoint-every", "50"}),
+      dir_.str(), FLOWSTATE_MPIEXEC, /*own_session=*/true);
+  for (int i = 0; i < 3000 && !std::filesystem::exists(dir_ / "ck/step-000000000100"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(std::filesystem::exists(dir_ / "ck/step-000000000100"));
+  // A second job on the same directory: refused on each of its ranks, naming the holder.
+  CliResult second = mpirun(2, {"run", "p.yaml", "--checkpoint-dir", "ck", "--resume"}, dir_.str());
+  EXPECT_NE(second.status, 0);
+  const std::string refusal =
+      "flowstate: error: rank 0: checkpoint directory 'ck' is in use by another run (pid ";
+  // Every rank throws it; the launcher may end the job after the first rank's exit, before
+  // another's line is out.
+  EXPECT_NE(second.err.find(refusal), std::string::npos) << second.err;
+  EXPECT_EQ(second.err.find("resumed from"), std::string::npos) << second.err;
+  EXPECT_FALSE(first.exited()) << "the first job ended or was disturbed";
+  // Its death (SIGKILL of every process) releases the directory: the next job resumes.
+  first.kill_session();
+  first.wait();
+  const auto found = find_latest_checkpoint(dir_ / "ck");
+  ASSERT_TRUE(found);
+  CliResult resumed = mpirun(3,
+                             {"run", "p.yaml", "--checkpoint-dir", "ck", "--resume", "--steps",
+                              std::to_string(found->step + 10)},
+                             dir_.str());
+  EXPECT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resumed from ck/step-"), std::string::npos) << resumed.err;
+}
+
 TEST_F(MpiRun, SigkillOfOneRankInsideACheckpointLeavesThePreviousStepCommitted) {
   pipeline("p.yaml", 2000, "  - shard: {}\n  - shuffle: {mode: global}\n  - batch: {size: 10}\n");
   ASSERT_EQ(mpirun(4, {"run", "p.yaml", "--digests", "full-{rank}.txt"}, dir_.str()).status, 0);

@@ -1,4 +1,6 @@
 """Pipelines from YAML, from a dict and from the builder; the schema; configuration errors."""
+import os
+import shutil
 import subprocess
 
 import flowstate
@@ -42,6 +44,23 @@ nodes:
     assert a.fingerprint == b.fingerprint == c.fingerprint
     ra, rc = drain(flowstate.Loader(a)), drain(flowstate.Loader(c))
     assert len(ra) == 63 and all(x[1].equal(y[1]) for x, y in zip(ra, rc))
+
+
+def test_a_path_that_is_not_utf8_reads_back_as_os_fsdecode_makes_it(tmp_path, data_dir):
+    # A directory named in Latin-1 ("d\xe9"): the pipeline runs, and canonical() and describe()
+    # give the path as os.fsdecode does (surrogateescape), never a UnicodeDecodeError.
+    d = os.path.join(os.fsencode(tmp_path), b"d\xe9")
+    os.mkdir(d)
+    shutil.copy(data_dir / "part-00000.bin", os.path.join(d, b"part-00000.bin"))
+    yaml = os.path.join(os.fsencode(tmp_path), b"p.yaml")
+    with open(yaml, "wb") as f:
+        f.write(b'source: {type: records, paths: "' + d + b'/*.bin", record_bytes: 16}\n'
+                b"nodes:\n  - batch: {size: 10}\n")
+    p = flowstate.Pipeline.from_yaml(os.fsdecode(yaml))
+    paths = [v for k, v in p.canonical() if k.endswith("paths")]
+    assert [os.fsencode(v) for v in paths] == [d + b"/*.bin"]
+    assert os.fsdecode(d) in p.describe()
+    assert len(list(flowstate.Loader(p))) == 100
 
 
 def test_overrides_change_a_value(records_doc):

@@ -3,6 +3,8 @@
 // rank verifies. The ranks are threads here (testing::ThreadGroup); tests/mpi runs processes
 // under mpirun.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/serialization/checkpoint.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -117,6 +120,89 @@ TEST_F(GroupCheckpoint, RestoreAgreesOnTheNewestStepEveryRankVerifies) {
     steps[r] = l.restore(ck())->step;
   }));
   EXPECT_EQ(steps, (std::vector<std::uint64_t>{5, 5, 5}));
+}
+
+TEST_F(GroupCheckpoint, WhenARankVerifiesNoStepItsReasonsReachEveryRanksError) {
+  ThreadGroup group(kWorld);
+  expect_no_errors(group.run([&](std::uint64_t r, std::shared_ptr<Coordinator> c) {
+    Loader l(pipeline(r), {.coordinator = c});
+    for (int step : {5, 10}) {
+      while (!l.last_step() || *l.last_step() + 1 < static_cast<std::uint64_t>(step)) l.next();
+      l.save_checkpoint(ck());
+    }
+  }));
+  // Rank 1's part of every step is damaged: the directory is shared, its parts fail their
+  // checksums, and the error says so for rank 1 (not that the directory must be shared).
+  for (const char* step : {"step-000000000005", "step-000000000010"}) {
+    std::fstream f(ck() + "/" + step + "/rank-00001.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  const auto errors = group.run([&](std::uint64_t r, std::shared_ptr<Coordinator> c) {
+    Loader l(pipeline(r), {.coordinator = c});
+    l.restore(ck());
+  });
+  for (std::uint64_t r = 0; r < kWorld; ++r) {
+    const std::string& e = errors[r];
+    EXPECT_EQ(e, errors[0]) << "rank " << r;
+    EXPECT_EQ(e.find("shared by every rank"), std::string::npos) << e;
+    EXPECT_NE(e.find("verifies on every rank:\n  rank 0 verifies steps 10, 5\n  rank 1 verifies "
+                     "no step; it refuses:\n    " +
+                     ck() + "/step-000000000010: '" + ck() +
+                     "/step-000000000010/rank-00001.bin' is corrupt: its XXH3-64 checksum is "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("\n    " + ck() + "/step-000000000005: '" + ck() +
+                     "/step-000000000005/rank-00001.bin' is corrupt: its XXH3-64 checksum is "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("\n  rank 2 verifies steps 10, 5"), std::string::npos) << e;
+  }
+}
+
+TEST_F(GroupCheckpoint, AJobHoldsItsDirectoryOnceAndASecondJobIsRefusedOnEveryRank) {
+  // One job's ranks share the directory: rank 0 holds it for them all, none refuses another.
+  ThreadGroup group(kWorld);
+  std::vector<int> holds(kWorld);
+  expect_no_errors(group.run([&](std::uint64_t r, std::shared_ptr<Coordinator> c) {
+    holds[r] = hold_checkpoint_directory(ck(), c.get()).has_value() ? 1 : 0;
+  }));
+  EXPECT_EQ(holds, (std::vector<int>{1, 0, 0}));
+
+  // Another process (another job) holds it: every rank of this job is refused alike, naming it.
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t holder = ::fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    RunLock lock(ck() + "/.run.lock", "ck");
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1 || ::read(done[0], &c, 1) < 0) ::_exit(1);
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const auto errors = group.run([&](std::uint64_t, std::shared_ptr<Coordinator> c) {
+    hold_checkpoint_directory(ck(), c.get());
+  });
+  for (std::uint64_t r = 0; r < kWorld; ++r)
+    EXPECT_EQ(errors[r], "rank 0: checkpoint directory '" + ck() +
+                             "' is in use by another run (pid " + std::to_string(holder) +
+                             ", which holds the lock '" + ck() +
+                             "/.run.lock'): two runs writing one directory would overwrite each "
+                             "other's checkpoints; wait for that run to end, or give this one "
+                             "another directory")
+        << "rank " << r;
+  // Its end (a SIGKILL) releases it.
+  ::kill(holder, SIGKILL);
+  int status = 0;
+  ::waitpid(holder, &status, 0);
+  expect_no_errors(group.run([&](std::uint64_t, std::shared_ptr<Coordinator> c) {
+    hold_checkpoint_directory(ck(), c.get());
+  }));
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) ::close(fd);
 }
 
 TEST_F(GroupCheckpoint, NodeLocalDirectoriesAreRefused) {

@@ -77,9 +77,29 @@ TEST(BenchHarness, NamesTheConsumerWhenTheGraphWaitsOnIt) {
   run.stages = {{.name = "assemble", .concurrency = 2, .utilization = 0.3}};
   run.consumer_waits = 2;
   run.graph_waits = 180;
+  run.consumer_busy_s = 9.1;  // of 10 s
   EXPECT_EQ(bottleneck(report_of(run)),
-            "bottleneck: the consumer — the graph waited on it 180 times, it on the graph 2");
+            "bottleneck: the consumer — 91% busy, the graph waited on it 180 times, it on the "
+            "graph 2");
   EXPECT_EQ(bottleneck(BenchReport{}), "");
+}
+
+TEST(BenchHarness, NeverNamesAnIdleConsumer) {
+  // The graph waited on the consumer (the hand-off), but the consumer was 1% busy and the
+  // workers 94%: the workers' busiest node is the bottleneck.
+  RunReport run = map_heavy_run();
+  run.consumer_waits = 2;
+  run.graph_waits = 180;
+  run.consumer_busy_s = 0.1;
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: map:augment — 71% busy on 2 workers (the workers 94% busy); more workers "
+            "would help");
+  // Nothing busy most of the time: said so, with the busiest named.
+  run.stages[1].utilization = 0.3;
+  run.nodes[2].assemble_s = 5.0;
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: none saturated — the busiest, map:augment, is 25% busy on 2 workers (the "
+            "assemble stage 30% busy); the consumer 1% busy");
 }
 
 TEST(BenchHarness, SaysSoWhenNoNodeWorkedWhileTheBatchesWereTimed) {
