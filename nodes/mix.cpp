@@ -129,8 +129,8 @@ const NodeDef& mix_node() {
             in.nodes = std::move(sub.nodes);
             in.own = std::move(sub.readers);
             in.store = sub.store;
-            in.reader =
-                std::make_unique<MappedReader>(sub.store, sub.store_name, std::move(sub.stages));
+            in.reader = std::make_unique<MappedReader>(sub.store, sub.store_name, sub.stages,
+                                                       sub.stages->size());
             inputs.push_back(std::move(in));
           }
           auto mix = std::make_unique<MixNode>(ctx.name(), o, ctx.key(), std::move(inputs));
