@@ -99,6 +99,17 @@ std::string Tracer::sampling_rule() const {
   return buf;
 }
 
+namespace {
+/// The power-of-two stride that keeps at most `per_second` of `steps` steps made in `ns`.
+std::int64_t step_stride(std::int64_t steps, std::int64_t ns, std::uint32_t per_second) {
+  const double rate =
+      static_cast<double>(steps) * 1e9 / static_cast<double>(std::max<std::int64_t>(ns, 1'000'000));
+  std::int64_t stride = 1;
+  while (static_cast<double>(stride) * per_second < rate) stride *= 2;
+  return stride;
+}
+}  // namespace
+
 bool Tracer::keep(const Event& e) {
   constexpr std::int64_t kSecond = 1'000'000'000;
   const std::int64_t t = std::max<std::int64_t>(e.ts_ns - origin_ns_, 0);
@@ -106,23 +117,23 @@ bool Tracer::keep(const Event& e) {
   if (w > window_) {
     // A new second: the step stride that keeps at most steps_per_second of the steps the last
     // second (or seconds, on average) went through.
-    if (window_ >= 0 && max_step_ > window_first_step_) {
-      const auto steps = static_cast<std::uint64_t>(max_step_ - window_first_step_) /
-                         static_cast<std::uint64_t>(w - window_);
-      std::int64_t stride = 1;
-      while (static_cast<std::uint64_t>(stride) * sampling_.steps_per_second < steps) stride *= 2;
-      step_stride_ = stride;
-    }
+    if (window_ >= 0 && max_step_ > window_first_step_)
+      step_stride_ = step_stride(max_step_ - window_first_step_, (w - window_) * kSecond,
+                                 sampling_.steps_per_second);
     window_first_step_ = max_step_;
     window_ = w;
   }
+  if (e.step >= 0 && first_step_ < 0) first_step_ = window_first_step_ = e.step;
   max_step_ = std::max(max_step_, e.step);
   if (!sampling_on_) {
     if (t < sampling_.full_ns &&
         written_bytes_.load(std::memory_order_relaxed) < sampling_.full_bytes)
       return true;
     sampling_on_ = true;
-    sampling_since_ns_ = t;
+    // Sampling may start mid-second (the byte budget reached): the stride from the steps so
+    // far, until the next second's count refines it.
+    if (first_step_ >= 0)
+      step_stride_ = step_stride(max_step_ - first_step_, t, sampling_.steps_per_second);
     char buf[256];
     char* p = buf + std::snprintf(buf, sizeof(buf),
                                   "{\"name\":\"trace sampled from here on\",\"ph\":\"i\","

@@ -142,10 +142,9 @@ class Tracer {
     std::uint32_t seen = 0, kept = 0, stride = 1;
   };
   TraceSampling sampling_;
-  bool sampling_on_ = false;            ///< past the full-detail part
-  std::int64_t sampling_since_ns_ = 0;  ///< trace time where it started
+  bool sampling_on_ = false;  ///< past the full-detail part
   std::int64_t window_ = -1;
-  std::int64_t max_step_ = -1, window_first_step_ = -1;
+  std::int64_t first_step_ = -1, max_step_ = -1, window_first_step_ = -1;
   std::int64_t step_stride_ = 1;
   std::unordered_map<std::uint64_t, Rate> rates_;  ///< per track, name and phase
   std::uint64_t sampled_out_ = 0;

@@ -226,13 +226,13 @@ TEST_F(Observe, TraceMemoryIsBoundedAndDropsAreCounted) {
   EXPECT_EQ(spans + dropped, 10000u);
 }
 
-/// `seconds` of a synthetic run at `steps_per_s` into `t`: per step a spine span, a worker
-/// span and a consumer span with the step, a consumer wait without one, and a counter.
-void synthetic_run(Tracer& t, std::int64_t seconds, std::int64_t steps_per_s) {
+/// Steps [first, end) of a synthetic run at `steps_per_s` into `t`: per step a spine span, a
+/// worker span and a consumer span with the step, a consumer wait without one, and a counter.
+void synthetic_steps(Tracer& t, std::int64_t first, std::int64_t end, std::int64_t steps_per_s) {
   const auto spine = t.intern("shuffle"), map = t.intern("map:augment"), take = t.intern("take"),
              wait = t.intern("wait"), flight = t.intern("batches in flight");
   const std::int64_t dt = 1'000'000'000 / steps_per_s;
-  for (std::int64_t step = 0; step < seconds * steps_per_s; ++step) {
+  for (std::int64_t step = first; step < end; ++step) {
     const std::int64_t ts = t.origin_ns() + step * dt;
     Tracer::Event e[5];
     e[0] = {.ts_ns = ts,
@@ -257,6 +257,11 @@ void synthetic_run(Tracer& t, std::int64_t seconds, std::int64_t steps_per_s) {
     e[4] = {.ts_ns = ts, .value = 3, .name = flight, .ph = 'C'};
     t.add(e, 5);
   }
+}
+
+/// `seconds` of a synthetic run at `steps_per_s` into `t`.
+void synthetic_run(Tracer& t, std::int64_t seconds, std::int64_t steps_per_s) {
+  synthetic_steps(t, 0, seconds * steps_per_s, steps_per_s);
 }
 
 TEST_F(Observe, ShortTraceKeepsEveryEvent) {
@@ -317,6 +322,31 @@ TEST_F(Observe, HourLongTraceIsSampledToABoundedRateAndSaysSo) {
   EXPECT_NE(meta["sampling"].get<std::string>().find("at most 5 steps a second"),
             std::string::npos);
   EXPECT_EQ(meta["dropped_events"], 0);
+}
+
+TEST_F(Observe, TraceSampledFromTheByteBudgetOnKeepsTheRateAtOnce) {
+  // The byte budget is reached mid-second (20 000 steps a second, 256 kB): from the event
+  // that starts sampling on, at most 5 steps a second are kept (in a power-of-two stride from
+  // the rate so far), also in the rest of that second.
+  const std::string path = dir_ / "budget.json";
+  {
+    Tracer t(path, 1 << 20, {.full_bytes = 256 << 10});
+    synthetic_steps(t, 0, 10'000, 20'000);  // 0.5 s, ~1.3 MB: the writer drains it
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    synthetic_steps(t, 10'000, 400'000, 20'000);  // to 20 s: sampled from 0.5 s on
+  }
+  const nlohmann::json events = read_json(path);
+  double from = -1;
+  for (const auto& e : events)
+    if (e["ph"] == "i") from = e["ts"].get<double>();
+  ASSERT_GE(from, 0);
+  std::map<std::int64_t, std::set<std::int64_t>> steps;  // per second: the steps kept
+  for (const auto& e : events)
+    if (e["ph"] == "X" && e["ts"].get<double>() > from && e["args"].contains("step"))
+      steps[static_cast<std::int64_t>(e["ts"].get<double>() * 1e-6)].insert(
+          e["args"]["step"].get<std::int64_t>());
+  for (const auto& [second, kept] : steps) EXPECT_LE(kept.size(), 6u) << "second " << second;
+  EXPECT_EQ(events.back()["args"]["sampled"], true);
 }
 
 TEST_F(Observe, MetricsLinesComeEveryIntervalAndParse) {
