@@ -69,8 +69,13 @@ class ChainContext final : public BuildContext {
   }
   const RecordStore* store() const override { return chain_.store; }
   const SampleReader* reader() override {
-    chain_.readers.push_back(
-        std::make_unique<MappedReader>(chain_.store, chain_.store_name, chain_.stages));
+    auto reader = std::make_unique<MappedReader>(chain_.store, chain_.store_name, chain_.stages,
+                                                 chain_.stages->size());
+    // Where the last reader made reads the same store and maps, this one starts from what that
+    // one's node passes on (filter after filter: each applies only the maps between them).
+    reader->read_after(last_reader_);
+    last_reader_ = reader.get();
+    chain_.readers.push_back(std::move(reader));
     return chain_.readers.back().get();
   }
   const ParallelFor& parallel_for() const override { return runtime_parallel_for(); }
@@ -87,11 +92,12 @@ class ChainContext final : public BuildContext {
     add(std::move(node));
     chain_.store = store;
     chain_.store_name = spec_->name;
-    chain_.stages.clear();  // later maps work on this store's records
+    // Later maps work on this store's records; readers made before keep the list they share.
+    chain_.stages = std::make_shared<std::vector<SampleStage>>();
   }
   void add_sample_map(SampleFn fn) override {
     if (counters_ != nullptr) counters_->stage = NodeStage::kAssemble;
-    chain_.stages.push_back({spec_->name, map_key(), std::move(fn)});
+    chain_.stages->push_back({spec_->name, map_key(), std::move(fn)});
   }
   void add_stage(AssemblyStage stage) override {
     if (stage.planner) {
@@ -159,6 +165,7 @@ class ChainContext final : public BuildContext {
   std::map<std::string, std::uint64_t> attributes_;
   NodeCounters* counters_ = nullptr;           ///< the node being built's
   std::vector<NodeCounters*> chain_counters_;  ///< of chain_.nodes, in order
+  MappedReader* last_reader_ = nullptr;        ///< the last reader() made
 };
 
 }  // namespace

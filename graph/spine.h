@@ -54,7 +54,7 @@ class Spine {
   /// The node that owns store(), for errors.
   const std::string& source_name() const { return chain_.store_name; }
   /// The per-sample maps the assembler applies (those after the last store).
-  const std::vector<SampleStage>& sample_stages() const { return chain_.stages; }
+  const std::vector<SampleStage>& sample_stages() const { return *chain_.stages; }
   /// Batch maps, prefetch depth and deliver stages, as the pipeline's nodes set them.
   const SinkConfig& sink() const { return sink_; }
   BatchPlanner& planner() { return *planner_; }

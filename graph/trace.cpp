@@ -43,12 +43,15 @@ std::string json_string(std::string_view s) {
 
 }  // namespace
 
-Tracer::Tracer(const std::string& path, std::size_t capacity)
+Tracer::Tracer(const std::string& path, std::size_t capacity, TraceSampling sampling)
     : path_(path),
       capacity_(std::max<std::size_t>(capacity, 64)),
       origin_ns_(stats_now_ns()),
       pid_(static_cast<int>(::getpid())),
-      id_(g_tracer_ids.fetch_add(1)) {
+      id_(g_tracer_ids.fetch_add(1)),
+      sampling_(sampling) {
+  sampling_.steps_per_second = std::max<std::uint32_t>(sampling_.steps_per_second, 1);
+  sampling_.per_second = std::max<std::uint32_t>(sampling_.per_second, 1);
   file_ = std::fopen(path.c_str(), "w");
   if (file_ == nullptr)
     throw Error("cannot write the trace to '" + path + "': " + std::strerror(errno));
@@ -68,11 +71,94 @@ Tracer::~Tracer() {
   }
   wake_.notify_one();
   writer_.join();
+  // The last metadata event: what the file leaves out, dropped (the writer fell behind) or
+  // sampled (a long run), and the sampling rule.
+  const bool sampled = sampled_out() > 0;
   std::fprintf(file_,
                "%s{\"name\":\"flowstate\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-               "\"args\":{\"dropped_events\":%" PRIu64 "}}\n]\n",
-               first_ ? "" : ",\n", pid_, dropped());
+               "\"args\":{\"dropped_events\":%" PRIu64
+               ",\"sampled\":%s,\"sampled_out_events\":%" PRIu64 ",\"sampling\":%s}}\n]\n",
+               first_ ? "" : ",\n", pid_, dropped(), sampled ? "true" : "false", sampled_out(),
+               json_string(sampling_rule()).c_str());
   std::fclose(file_);
+}
+
+std::uint64_t Tracer::sampled_out() const {
+  std::lock_guard lock(pending_lock_);
+  return sampled_out_;
+}
+
+std::string Tracer::sampling_rule() const {
+  char buf[400];
+  std::snprintf(buf, sizeof(buf),
+                "every event of the first %.3g s (or the first %" PRIu64
+                " MB); then every event of one step in a power-of-two stride, at most %u steps "
+                "a second, and at most %u other events a second per track and name",
+                static_cast<double>(sampling_.full_ns) * 1e-9, sampling_.full_bytes >> 20,
+                sampling_.steps_per_second, sampling_.per_second);
+  return buf;
+}
+
+namespace {
+/// The power-of-two stride that keeps at most `per_second` of `steps` steps made in `ns`.
+std::int64_t step_stride(std::int64_t steps, std::int64_t ns, std::uint32_t per_second) {
+  const double rate =
+      static_cast<double>(steps) * 1e9 / static_cast<double>(std::max<std::int64_t>(ns, 1'000'000));
+  std::int64_t stride = 1;
+  while (static_cast<double>(stride) * per_second < rate) stride *= 2;
+  return stride;
+}
+}  // namespace
+
+bool Tracer::keep(const Event& e) {
+  constexpr std::int64_t kSecond = 1'000'000'000;
+  const std::int64_t t = std::max<std::int64_t>(e.ts_ns - origin_ns_, 0);
+  const std::int64_t w = t / kSecond;
+  if (w > window_) {
+    // A new second: the step stride that keeps at most steps_per_second of the steps the last
+    // second (or seconds, on average) went through.
+    if (window_ >= 0 && max_step_ > window_first_step_)
+      step_stride_ = step_stride(max_step_ - window_first_step_, (w - window_) * kSecond,
+                                 sampling_.steps_per_second);
+    window_first_step_ = max_step_;
+    window_ = w;
+  }
+  if (e.step >= 0 && first_step_ < 0) first_step_ = window_first_step_ = e.step;
+  max_step_ = std::max(max_step_, e.step);
+  if (!sampling_on_) {
+    if (t < sampling_.full_ns &&
+        written_bytes_.load(std::memory_order_relaxed) < sampling_.full_bytes)
+      return true;
+    sampling_on_ = true;
+    // Sampling may start mid-second (the byte budget reached): the stride from the steps so
+    // far, until the next second's count refines it.
+    if (first_step_ >= 0)
+      step_stride_ = step_stride(max_step_ - first_step_, t, sampling_.steps_per_second);
+    char buf[256];
+    char* p = buf + std::snprintf(buf, sizeof(buf),
+                                  "{\"name\":\"trace sampled from here on\",\"ph\":\"i\","
+                                  "\"s\":\"g\",\"pid\":%d,\"tid\":0,\"ts\":",
+                                  pid_);
+    p = std::to_chars(p, buf + sizeof(buf), t / 1000).ptr;
+    std::string meta(buf, p);
+    meta += ",\"args\":{\"rule\":" + json_string(sampling_rule()) + "}}";
+    pending_meta_.push_back(std::move(meta));
+  }
+  if (e.step >= 0) return e.step % step_stride_ == 0;
+  // Without a step: per track, name and phase, at most per_second a second, one in `stride`
+  // (from the last second's count) so that those kept spread over the second.
+  Rate& r = rates_[(std::uint64_t{e.track} << 24) | (std::uint64_t{e.name} << 8) |
+                   static_cast<unsigned char>(e.ph)];
+  if (r.window != w) {
+    const std::uint32_t last = r.window == w - 1 ? r.seen : 0;
+    r.stride = std::max<std::uint32_t>(1, last / sampling_.per_second);
+    r.window = w;
+    r.seen = r.kept = 0;
+  }
+  const bool kept = r.seen % r.stride == 0 && r.kept < sampling_.per_second;
+  ++r.seen;
+  if (kept) ++r.kept;
+  return kept;
 }
 
 std::uint16_t Tracer::intern(std::string_view name) {
@@ -129,12 +215,20 @@ void Tracer::add(const Event* events, std::size_t n) {
   bool wake = false;
   {
     std::lock_guard lock(pending_lock_);
-    const std::size_t room = capacity_ - pending_.size();
-    const std::size_t take = std::min(room, n);
-    pending_.insert(pending_.end(), events, events + take);
-    if (take < n) dropped_.fetch_add(n - take, std::memory_order_relaxed);
+    const std::size_t before = pending_.size();
+    std::uint64_t dropped = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!keep(events[i])) {
+        ++sampled_out_;
+      } else if (pending_.size() < capacity_) {
+        pending_.push_back(events[i]);
+      } else {
+        ++dropped;
+      }
+    }
+    if (dropped > 0) dropped_.fetch_add(dropped, std::memory_order_relaxed);
     // Once, when it crosses half: the writer drains it.
-    wake = pending_.size() >= capacity_ / 2 && pending_.size() - take < capacity_ / 2;
+    wake = pending_.size() >= capacity_ / 2 && before < capacity_ / 2;
   }
   if (wake) {
     {
@@ -258,6 +352,7 @@ void Tracer::write(const std::vector<Event>& events) {
     out.resize(static_cast<std::size_t>(p - out.data()));
   }
   std::fwrite(out.data(), 1, out.size(), file_);
+  written_bytes_.fetch_add(out.size(), std::memory_order_relaxed);
 }
 
 }  // namespace flowstate

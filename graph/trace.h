@@ -14,6 +14,15 @@
 // new events are dropped and counted, and the count is written at the end ("dropped_events"
 // in the trace's last metadata event). Timestamps are microseconds since the tracer started.
 //
+// The file's size is bounded too (TraceSampling): every event of the first 10 s (or of the
+// first 64 MB, if that comes first) is written; after that the trace is sampled at a bounded
+// rate, so that an hour's run stays near 100 MB and opens in Perfetto: every event of one step
+// in a power-of-two stride, chosen each second so that at most 5 steps a second are kept whole
+// (all their nodes' spans on every track), and of the events without a step (counters,
+// waits, checkpoint phases) at most 5 a second per track and name, spread over the second.
+// Where sampling starts the trace holds an instant event saying so, and the last metadata
+// event says "sampled", how many events were left out ("sampled_out_events") and the rule.
+//
 // Thread-safety: every member may be called from any thread.
 #pragma once
 
@@ -26,9 +35,18 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace flowstate {
+
+/// How a Tracer keeps a long run's trace to a bounded rate (see the file comment).
+struct TraceSampling {
+  std::int64_t full_ns = 10'000'000'000;               ///< every event of the first 10 s is written
+  std::uint64_t full_bytes = std::uint64_t{64} << 20;  ///< ... unless the file reached this first
+  std::uint32_t steps_per_second = 5;  ///< then: every event of at most this many steps a second
+  std::uint32_t per_second = 5;  ///< and of other events, this many a second per track and name
+};
 
 class Tracer {
  public:
@@ -54,7 +72,8 @@ class Tracer {
   };
 
   /// Opens `path` for writing (truncating it); throws Error naming the path when it cannot.
-  explicit Tracer(const std::string& path, std::size_t capacity = 1 << 16);
+  explicit Tracer(const std::string& path, std::size_t capacity = 1 << 16,
+                  TraceSampling sampling = {});
   /// Writes the remaining events and closes the JSON array.
   ~Tracer();
   Tracer(const Tracer&) = delete;
@@ -75,10 +94,16 @@ class Tracer {
   void add(const Event* events, std::size_t n);
   /// Events dropped so far because the buffer was full.
   std::uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  /// Events left out so far by sampling (TraceSampling).
+  std::uint64_t sampled_out() const;
   const std::string& path() const { return path_; }
 
  private:
   void name_track(std::uint32_t track, const std::string& name, int sort_index);
+  /// Whether `e` is written (TraceSampling); called with pending_lock_ held.
+  bool keep(const Event& e);
+  /// The sampling rule in words, for the trace's metadata.
+  std::string sampling_rule() const;
   void run_writer();
   void write(const std::vector<Event>& events);
 
@@ -107,9 +132,23 @@ class Tracer {
    private:
     std::atomic_flag flag_ = ATOMIC_FLAG_INIT;
   };
-  SpinLock pending_lock_;
+  mutable SpinLock pending_lock_;
   std::vector<Event> pending_;
   std::vector<std::string> pending_meta_;  ///< metadata events, already JSON
+
+  // Sampling (guarded by pending_lock_): the 1-second window of trace time the rates count in.
+  struct Rate {
+    std::int64_t window = -1;
+    std::uint32_t seen = 0, kept = 0, stride = 1;
+  };
+  TraceSampling sampling_;
+  bool sampling_on_ = false;  ///< past the full-detail part
+  std::int64_t window_ = -1;
+  std::int64_t first_step_ = -1, max_step_ = -1, window_first_step_ = -1;
+  std::int64_t step_stride_ = 1;
+  std::unordered_map<std::uint64_t, Rate> rates_;  ///< per track, name and phase
+  std::uint64_t sampled_out_ = 0;
+  std::atomic<std::uint64_t> written_bytes_{0};  ///< events written so far (the writer's)
   // The writer's sleep: it wakes every 50 ms, or when pending_ is half full, or to stop.
   std::mutex mu_;
   std::condition_variable wake_;

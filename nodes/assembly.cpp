@@ -192,13 +192,44 @@ BatchAssembler::BatchAssembler(const RecordStore* store, std::string store_name,
       batch_stages_(std::move(batch_stages)),
       pool_(std::move(pool)) {}
 
+void MappedReader::read_after(MappedReader* prev) {
+  if (prev == nullptr || prev->stages_ != stages_ || prev->store_ != store_ ||
+      prev->count_ > count_)
+    return;
+  prev_ = prev;
+  prev->wanted_ = true;
+}
+
+void MappedReader::pass_on(const Ref& ref, std::uint64_t epoch, Sample&& sample) const {
+  if (!wanted_) return;
+  std::lock_guard lock(passed_mu_);
+  if (passed_.size() >= kMaxPassed) passed_.clear();
+  passed_.insert_or_assign({epoch, ref}, std::move(sample));
+}
+
+bool MappedReader::take(const Ref& ref, std::uint64_t epoch, Sample& sample) const {
+  std::lock_guard lock(passed_mu_);
+  auto it = passed_.find({epoch, ref});
+  if (it == passed_.end()) return false;
+  sample = std::move(it->second);
+  passed_.erase(it);
+  return true;
+}
+
 void MappedReader::read(const Ref& ref, std::uint64_t epoch, Sample& sample) const {
-  try {
-    store_->read(ref.record(), sample);
-  } catch (...) {
-    rethrow_with_node(std::current_exception(), store_name_);
+  // From the sample an earlier reader along the same maps passed on, with the maps since.
+  std::size_t first = 0;
+  if (prev_ != nullptr && prev_->take(ref, epoch, sample)) {
+    first = prev_->count_;
+  } else {
+    try {
+      store_->read(ref.record(), sample);
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), store_name_);
+    }
   }
-  for (const auto& stage : stages_) {
+  for (std::size_t i = first; i < count_; ++i) {
+    const SampleStage& stage = (*stages_)[i];
     MapContext ctx{epoch, ElementRng(stage.key, element_stream(epoch, ref.record()))};
     try {
       stage.fn(sample, ctx);

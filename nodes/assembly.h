@@ -13,10 +13,13 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flowstate/core/batch.h"
@@ -222,22 +225,55 @@ struct BatchStage {
   BatchFn fn;
 };
 
+/// The per-sample maps of a chain since its store, in order, shared by every reader along it:
+/// a reader holds the list and how many of its first stages lie before its node, so a chain of
+/// n maps and n filters holds n stages, not one copy of the maps before each filter (n²).
+using SharedSampleStages = std::shared_ptr<std::vector<SampleStage>>;
+
 /// A store's records with per-sample maps applied: what the assembler reads, and what a
 /// filter or pack sees at its position. Errors name the store or the failing map.
-/// Thread-safe.
+/// Thread-safe (the shared list is only appended to while the chain is built).
 class MappedReader final : public SampleReader {
  public:
   MappedReader(const RecordStore* store, std::string store_name, std::vector<SampleStage> stages)
-      : store_(store), store_name_(std::move(store_name)), stages_(std::move(stages)) {}
+      : store_(store),
+        store_name_(std::move(store_name)),
+        stages_(std::make_shared<std::vector<SampleStage>>(std::move(stages))),
+        count_(stages_->size()) {}
+  /// Reads through the first `count` stages of `stages` (a chain's list, which may grow later).
+  MappedReader(const RecordStore* store, std::string store_name, SharedSampleStages stages,
+               std::size_t count)
+      : store_(store),
+        store_name_(std::move(store_name)),
+        stages_(std::move(stages)),
+        count_(count) {}
   void read(const Ref& ref, std::uint64_t epoch, Sample& sample) const override;
+  /// Keeps `sample` for the reader that reads after this one (read_after), if any: at most
+  /// kMaxPassed samples, all forgotten when that many were not taken (as after a restore or a
+  /// shuffle buffer between the two): a miss only costs a full read.
+  void pass_on(const Ref& ref, std::uint64_t epoch, Sample&& sample) const override;
+  /// Makes read() start from what `prev` (a reader of the same store and stage list, with
+  /// fewer stages or as many) passed on, where it holds the Ref.
+  void read_after(MappedReader* prev);
   const RecordStore* store() const { return store_; }
   const std::string& store_name() const { return store_name_; }
-  bool has_maps() const { return !stages_.empty(); }
+  bool has_maps() const { return count_ != 0; }
+
+  /// The most samples a reader keeps passed on and not yet taken.
+  static constexpr std::size_t kMaxPassed = 1024;
 
  private:
+  /// Moves the sample `ref` was passed on with in `epoch` into `sample`; false if none.
+  bool take(const Ref& ref, std::uint64_t epoch, Sample& sample) const;
+
   const RecordStore* store_;
   std::string store_name_;
-  std::vector<SampleStage> stages_;
+  SharedSampleStages stages_;
+  std::size_t count_;
+  const MappedReader* prev_ = nullptr;
+  bool wanted_ = false;  ///< a later reader takes what this one passes on
+  mutable std::mutex passed_mu_;
+  mutable std::map<std::pair<std::uint64_t, Ref>, Sample> passed_;
 };
 
 /// True when `reader` reads `store`'s records as they are, with no per-sample map between them:

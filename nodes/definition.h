@@ -127,7 +127,8 @@ struct Chain {
   std::vector<std::unique_ptr<SampleReader>> readers;
   const RecordStore* store = nullptr;  ///< what the next node reads Refs from
   std::string store_name;
-  std::vector<SampleStage> stages;  ///< per-sample maps since `store`
+  /// Per-sample maps since `store`, shared with the readers along the chain (MappedReader).
+  SharedSampleStages stages = std::make_shared<std::vector<SampleStage>>();
   /// What a node consuming the chain from outside it (a mix) pulls from: nodes.back(), or the
   /// runtime's timing wrapper of it (graph/node_stats.h). Null: nodes.back().
   SpineNode* tail = nullptr;

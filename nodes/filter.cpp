@@ -207,11 +207,15 @@ bool FilterNode::decide(const Ref& ref) {
     rethrow_with_node(std::current_exception(), name());
   }
   MapContext ctx{state_.epoch, ElementRng(key_, element_stream(state_.epoch, ref.record()))};
+  bool keep = false;
   try {
-    return fn_(s, ctx);
+    keep = fn_(s, ctx);
   } catch (...) {
     rethrow_with_node(std::current_exception(), name());
   }
+  // What it keeps, a filter or pack after it reads next: they start from this sample.
+  if (keep) reader_->pass_on(ref, state_.epoch, std::move(s));
+  return keep;
 }
 
 bool FilterNode::windowed() {

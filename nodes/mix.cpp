@@ -53,12 +53,16 @@ std::string inspect_mix(InArchive& ar, const InspectContext& ctx) {
   j.add("epoch", s.epoch).add("draws", s.draws).add("ended", s.ended);
   std::string list = "[";
   for (std::size_t k = 0; k < inputs.size(); ++k) {
-    list += (k ? "," : "") + JsonObject()
-                                 .add("epoch", s.input_epoch[k])
-                                 .add("taken", s.taken[k])
-                                 .add("exhausted", s.exhausted[k] != 0)
-                                 .add_raw("nodes", ctx.nested(load_entries(ar), inputs[k]))
-                                 .str();
+    JsonObject in;
+    in.add("epoch", s.input_epoch[k])
+        .add("taken", s.taken[k])
+        .add("exhausted", s.exhausted[k] != 0);
+    // A fresh input's nodes are at the start of its epoch: the state does not hold them.
+    if (s.fresh[k] != 0)
+      in.add("fresh", true);
+    else
+      in.add_raw("nodes", ctx.nested(load_entries(ar), inputs[k]));
+    list += (k ? "," : "") + in.str();
   }
   j.add_raw("inputs", list + "]");
   return j.str();
@@ -129,8 +133,8 @@ const NodeDef& mix_node() {
             in.nodes = std::move(sub.nodes);
             in.own = std::move(sub.readers);
             in.store = sub.store;
-            in.reader =
-                std::make_unique<MappedReader>(sub.store, sub.store_name, std::move(sub.stages));
+            in.reader = std::make_unique<MappedReader>(sub.store, sub.store_name, sub.stages,
+                                                       sub.stages->size());
             inputs.push_back(std::move(in));
           }
           auto mix = std::make_unique<MixNode>(ctx.name(), o, ctx.key(), std::move(inputs));
@@ -146,11 +150,11 @@ const NodeDef& mix_node() {
 
 namespace {
 
-/// The mix's own state, then every input's stamp (its nodes' entries).
+/// The mix's own state, then the stamp (its nodes' entries) of every input not fresh.
 class MixSnapshot final : public NodeSnapshot {
  public:
   MixState state;
-  std::vector<Stamp> inputs;
+  std::vector<Stamp> inputs;  ///< of the inputs not fresh, in order
   void save(OutArchive& ar) const override {
     ar(state);
     for (const auto& in : inputs) save_entries(ar, *in);
@@ -186,6 +190,7 @@ void MixNode::start_input(std::size_t i, std::uint64_t epoch) {
   tail(i).start_epoch(epoch);
   state_.input_epoch[i] = epoch;
   state_.started[i] = 1;
+  state_.fresh[i] = 1;
 }
 
 void MixNode::start_epoch(std::uint64_t epoch) {
@@ -239,6 +244,7 @@ std::size_t MixNode::pull(std::span<Ref> out) {
       break;
     }
     const std::size_t i = *pick;
+    state_.fresh[i] = 0;
     if (tail(i).pull(out.subspan(n, 1)) == 1) {
       ++state_.taken[i];
       ++n;
@@ -271,7 +277,8 @@ std::size_t MixNode::pull(std::span<Ref> out) {
 std::shared_ptr<const NodeSnapshot> MixNode::snapshot() const {
   auto s = std::make_shared<MixSnapshot>();
   s->state = state_;
-  for (const auto& in : inputs_) s->inputs.push_back(snapshot_nodes(in.nodes));
+  for (std::size_t i = 0; i < inputs_.size(); ++i)
+    if (state_.fresh[i] == 0) s->inputs.push_back(snapshot_nodes(inputs_[i].nodes));
   return s;
 }
 
@@ -279,7 +286,16 @@ void MixNode::restore(InArchive& ar) {
   MixState s;
   s.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
   ar(s);
-  for (auto& in : inputs_) restore_nodes(in.nodes, load_entries(ar), "state");
+  for (std::size_t i = 0; i < inputs_.size(); ++i) {
+    if (s.fresh[i] == 0) {
+      restore_nodes(inputs_[i].nodes, load_entries(ar), "state");
+    } else if (s.started[i] == 0) {
+      throw CheckpointError(
+          "state", "mix '" + name() + "' holds " + inputs_[i].name + " as fresh but never started");
+    } else {
+      tail(i).start_epoch(s.input_epoch[i]);  // as it was saved: at the start of that epoch
+    }
+  }
   state_ = std::move(s);
 }
 

@@ -13,6 +13,12 @@
 // With first_exhausted and all_exhausted every input runs its epoch e in the mix's epoch e;
 // with cycle each input counts its own epochs.
 //
+// A checkpoint holds only what differs from a fresh start: an input that has not been pulled
+// since it started its epoch (most of a mix of thousands, early in an epoch) is saved as
+// nothing at all when that epoch is the mix's, or as its epoch alone, and a restore starts it
+// again (a node's state after start_epoch(e) is a function of e). So a mix's state grows with
+// the inputs it has drawn from, not with the inputs it has.
+//
 // Refs keep their input's number as Ref::source; the mix is the RecordStore that reads them
 // through that input (maps inside an input key their generators by record only: the store
 // is not told the epoch — put epoch-varying random maps after the mix).
@@ -72,7 +78,7 @@ struct MixInput {
   SpineNode* tail = nullptr;  ///< what the mix pulls from (Chain::tail); null: nodes.back()
 };
 
-/// State of a mix (the inputs' states are saved after it).
+/// State of a mix (the inputs' states are saved after it: those not fresh, version 2).
 struct MixState {
   std::uint64_t epoch = 0;
   std::uint64_t draws = 0;  ///< generator counter in this epoch
@@ -81,15 +87,31 @@ struct MixState {
   std::vector<std::uint64_t> taken;     ///< samples taken from each input in this epoch
   std::vector<std::uint8_t> exhausted;  ///< each input ran out in this epoch
   std::vector<std::uint8_t> started;    ///< each input has started an epoch
+  /// Each input has not been pulled since it started input_epoch: its nodes' state is that
+  /// of start_epoch(input_epoch), and is not saved (version 2; version 1 saved every input's).
+  std::vector<std::uint8_t> fresh;
+
+  /// True when input `i` is as the mix's start_epoch(epoch) leaves it: saved as nothing.
+  bool untouched(std::size_t i) const {
+    return fresh[i] != 0 && started[i] != 0 && input_epoch[i] == epoch && taken[i] == 0 &&
+           exhausted[i] == 0;
+  }
   template <class Archive>
   void save(Archive& ar, std::uint32_t) const {
+    // Version 2: the inputs that are not untouched, by number; then (MixSnapshot) the nodes of
+    // those that are not fresh.
     ar(epoch, draws, ended, static_cast<std::uint32_t>(taken.size()));
+    std::uint32_t touched = 0;
+    for (std::size_t i = 0; i < taken.size(); ++i) touched += untouched(i) ? 0 : 1;
+    ar(touched);
     for (std::size_t i = 0; i < taken.size(); ++i)
-      ar(input_epoch[i], taken[i], exhausted[i], started[i]);
+      if (!untouched(i))
+        ar(static_cast<std::uint32_t>(i), input_epoch[i], taken[i], exhausted[i], started[i],
+           fresh[i]);
   }
   template <class Archive>
   void load(Archive& ar, std::uint32_t version) {
-    require_state_version("MixState", version, 1);
+    require_state_version("MixState", version, 2);
     std::uint32_t n = 0;
     ar(epoch, draws, ended, n);
     // Checked against the pipeline's inputs before anything is allocated for them.
@@ -98,13 +120,36 @@ struct MixState {
                                          " inputs, this pipeline's mix has " +
                                          std::to_string(expected_inputs));
     resize(n);
-    for (std::size_t i = 0; i < n; ++i) ar(input_epoch[i], taken[i], exhausted[i], started[i]);
+    if (version < 2) {
+      for (std::size_t i = 0; i < n; ++i) ar(input_epoch[i], taken[i], exhausted[i], started[i]);
+      return;  // every input's nodes follow
+    }
+    for (std::size_t i = 0; i < n; ++i) {  // untouched unless listed
+      input_epoch[i] = epoch;
+      started[i] = fresh[i] = 1;
+    }
+    std::uint32_t touched = 0;
+    ar(touched);
+    if (touched > n)
+      throw CheckpointError("state", "the mix state lists " + std::to_string(touched) + " of its " +
+                                         std::to_string(n) + " inputs");
+    std::uint32_t last = 0;
+    for (std::uint32_t k = 0; k < touched; ++k) {
+      std::uint32_t i = 0;
+      ar(i);
+      if (i >= n || (k > 0 && i <= last))
+        throw CheckpointError("state", "the mix state lists input " + std::to_string(i) +
+                                           " out of order or out of its " + std::to_string(n));
+      last = i;
+      ar(input_epoch[i], taken[i], exhausted[i], started[i], fresh[i]);
+    }
   }
   void resize(std::size_t n) {
     input_epoch.assign(n, 0);
     taken.assign(n, 0);
     exhausted.assign(n, 0);
     started.assign(n, 0);
+    fresh.assign(n, 0);
   }
   std::uint32_t expected_inputs = 0;  ///< set before loading; not saved
 };
@@ -151,4 +196,4 @@ class MixNode final : public SpineNode, public RecordStore {
 
 }  // namespace flowstate
 
-CEREAL_CLASS_VERSION(flowstate::MixState, 1);
+CEREAL_CLASS_VERSION(flowstate::MixState, 2);

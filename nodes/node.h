@@ -154,6 +154,11 @@ class SampleReader {
  public:
   virtual ~SampleReader() = default;
   virtual void read(const Ref& ref, std::uint64_t epoch, Sample& sample) const = 0;
+  /// Hands back `sample`, what read() gave for `ref` in `epoch`, that the node goes on to
+  /// pass downstream (a filter's kept samples): a reader further along the same maps may take
+  /// it and apply only the maps in between, instead of reading the record through every map
+  /// again (n filters between n maps: O(n) maps per sample, not O(n²)). May ignore it.
+  virtual void pass_on(const Ref& /*ref*/, std::uint64_t /*epoch*/, Sample&& /*sample*/) const {}
 };
 
 /// Throws ConfigError unless `upstream` gives random access (`self` addresses it by position).

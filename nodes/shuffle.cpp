@@ -258,6 +258,15 @@ void BufferShuffleNode::reset_buffer(std::uint64_t epoch) {
   n_ = upstream_->size(epoch);
   epoch_key_ = hash_combine(key_, epoch);
   consumed_ = std::min(capacity_, n_);
+  // The epoch's first buffer is [0, consumed_): filled by the first pull (fill_buffer), so a
+  // shuffle that is started but never pulled — most inputs of a mix of thousands — holds none.
+  slots_.clear();
+  unfilled_ = true;
+}
+
+void BufferShuffleNode::fill_buffer() {
+  if (!unfilled_) return;
+  unfilled_ = false;
   slots_.resize(consumed_);
   for (std::uint64_t i = 0; i < consumed_; ++i) slots_[i] = i;
 }
@@ -280,6 +289,7 @@ std::uint64_t BufferShuffleNode::draw(std::uint64_t k) {
 }
 
 std::size_t BufferShuffleNode::pull(std::span<Ref> out) {
+  fill_buffer();
   std::size_t k = 0;
   for (; k < out.size() && !slots_.empty(); ++k) {
     out[k] = upstream_->at(state_.epoch, draw(state_.draws));
@@ -319,10 +329,12 @@ void BufferShuffleNode::on_restored() {
   reset_buffer(state_.epoch);
   std::uint64_t from = 0;
   if (state_.keyframe) {
+    unfilled_ = false;
     slots_ = state_.keyframe->slots;
     from = state_.keyframe->draws;
     consumed_ = std::min(n_, std::min(capacity_, n_) + from);
   }
+  if (state_.draws > from) fill_buffer();
   for (std::uint64_t k = from; k < state_.draws; ++k) draw(k);
 }
 

@@ -151,12 +151,15 @@ class BufferShuffleNode final : public StatefulSpineNode<BufferShuffleState> {
   /// Draws one position (advancing slots_/consumed_) for draw number `draw`.
   std::uint64_t draw(std::uint64_t draw);
   void reset_buffer(std::uint64_t epoch);
+  /// Fills the epoch's first buffer, if reset_buffer left it to the first pull.
+  void fill_buffer();
 
   std::uint64_t key_;
   std::uint64_t capacity_;
   // Live buffer (derived state: rebuilt from the key-frame on restore).
   std::vector<std::uint64_t> slots_;
   std::uint64_t consumed_ = 0;  ///< inputs moved into the buffer so far this epoch
+  bool unfilled_ = false;       ///< slots_ is the epoch's first buffer, not yet filled
   std::uint64_t epoch_key_ = 0;
   std::uint64_t n_ = 0;  ///< inputs in this epoch
 };

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -223,6 +224,129 @@ TEST_F(Observe, TraceMemoryIsBoundedAndDropsAreCounted) {
   for (const auto& e : events) spans += e["ph"] == "X";
   const auto dropped = events.back()["args"]["dropped_events"].get<std::size_t>();
   EXPECT_EQ(spans + dropped, 10000u);
+}
+
+/// Steps [first, end) of a synthetic run at `steps_per_s` into `t`: per step a spine span, a
+/// worker span and a consumer span with the step, a consumer wait without one, and a counter.
+void synthetic_steps(Tracer& t, std::int64_t first, std::int64_t end, std::int64_t steps_per_s) {
+  const auto spine = t.intern("shuffle"), map = t.intern("map:augment"), take = t.intern("take"),
+             wait = t.intern("wait"), flight = t.intern("batches in flight");
+  const std::int64_t dt = 1'000'000'000 / steps_per_s;
+  for (std::int64_t step = first; step < end; ++step) {
+    const std::int64_t ts = t.origin_ns() + step * dt;
+    Tracer::Event e[5];
+    e[0] = {.ts_ns = ts,
+            .dur_ns = dt / 4,
+            .step = step,
+            .epoch = 0,
+            .track = Tracer::kSpine,
+            .name = spine};
+    e[1] = {.ts_ns = ts + dt / 4,
+            .dur_ns = dt / 2,
+            .step = step,
+            .epoch = 0,
+            .track = Tracer::kWorker0,
+            .name = map};
+    e[2] = {.ts_ns = ts + dt / 2,
+            .dur_ns = dt / 8,
+            .step = step,
+            .epoch = 0,
+            .track = Tracer::kConsumer,
+            .name = take};
+    e[3] = {.ts_ns = ts + dt / 2, .dur_ns = dt / 8, .track = Tracer::kConsumer, .name = wait};
+    e[4] = {.ts_ns = ts, .value = 3, .name = flight, .ph = 'C'};
+    t.add(e, 5);
+  }
+}
+
+/// `seconds` of a synthetic run at `steps_per_s` into `t`.
+void synthetic_run(Tracer& t, std::int64_t seconds, std::int64_t steps_per_s) {
+  synthetic_steps(t, 0, seconds * steps_per_s, steps_per_s);
+}
+
+TEST_F(Observe, ShortTraceKeepsEveryEvent) {
+  const std::string path = dir_ / "short.json";
+  {
+    Tracer t(path, 1 << 20);
+    synthetic_run(t, 8, 500);
+  }
+  const nlohmann::json events = read_json(path);
+  std::size_t kept = 0;
+  for (const auto& e : events) kept += e["ph"] == "X" || e["ph"] == "C";
+  EXPECT_EQ(kept, 8u * 500 * 5);
+  EXPECT_EQ(events.back()["args"]["sampled"], false);
+  EXPECT_EQ(events.back()["args"]["sampled_out_events"], 0);
+}
+
+TEST_F(Observe, HourLongTraceIsSampledToABoundedRateAndSaysSo) {
+  // Issue 26: --trace wrote ~20 MB a second, so an hour's trace could not be opened. An hour
+  // at 500 steps a second (9 M events, ~1 GB in full) keeps the first 10 s whole and then a
+  // bounded rate, to the end of the run.
+  const std::string path = dir_ / "hour.json";
+  constexpr std::int64_t kSeconds = 3600, kRate = 500;
+  {
+    Tracer t(path, 1 << 20);
+    synthetic_run(t, kSeconds, kRate);
+  }
+  const auto bytes = std::filesystem::file_size(path);
+  EXPECT_LT(bytes, 24u << 20) << "an hour's trace of " << bytes << " bytes";
+  const nlohmann::json events = read_json(path);
+  std::size_t kept = 0;
+  double last_ts = 0, sampled_from = -1;
+  std::map<std::int64_t, int> per_step;  // events kept of each step past the first 10 s
+  std::map<std::int64_t, int> waits_per_second;
+  for (const auto& e : events) {
+    if (e["ph"] == "i") sampled_from = e["ts"].get<double>() * 1e-6;
+    if (e["ph"] != "X" && e["ph"] != "C") continue;
+    ++kept;
+    const double ts = e["ts"].get<double>() * 1e-6;
+    last_ts = std::max(last_ts, ts);
+    if (ts < 10) continue;
+    if (e["args"].contains("step")) ++per_step[e["args"]["step"].get<std::int64_t>()];
+    if (e["name"] == "wait") ++waits_per_second[static_cast<std::int64_t>(ts)];
+  }
+  // The first 10 s whole (5 events per step), then the sampled part runs to the end.
+  EXPECT_GE(kept, 10u * kRate * 5);
+  EXPECT_NEAR(sampled_from, 10, 0.01);
+  EXPECT_GT(last_ts, kSeconds - 2);
+  // A step is kept whole or not at all, at most 5 steps (rounded to a power-of-two stride) a
+  // second; other events at most 5 a second per track and name.
+  for (const auto& [step, n] : per_step) EXPECT_EQ(n, 3) << "step " << step;
+  EXPECT_LE(per_step.size(), static_cast<std::size_t>(5 * (kSeconds - 10)));
+  EXPECT_GE(per_step.size(), static_cast<std::size_t>(2 * (kSeconds - 10)));
+  for (const auto& [second, n] : waits_per_second) EXPECT_LE(n, 5) << "second " << second;
+  const auto& meta = events.back()["args"];
+  EXPECT_EQ(meta["sampled"], true);
+  EXPECT_EQ(meta["sampled_out_events"].get<std::size_t>() + kept,
+            static_cast<std::size_t>(kSeconds * kRate * 5));
+  EXPECT_NE(meta["sampling"].get<std::string>().find("at most 5 steps a second"),
+            std::string::npos);
+  EXPECT_EQ(meta["dropped_events"], 0);
+}
+
+TEST_F(Observe, TraceSampledFromTheByteBudgetOnKeepsTheRateAtOnce) {
+  // The byte budget is reached mid-second (20 000 steps a second, 256 kB): from the event
+  // that starts sampling on, at most 5 steps a second are kept (in a power-of-two stride from
+  // the rate so far), also in the rest of that second.
+  const std::string path = dir_ / "budget.json";
+  {
+    Tracer t(path, 1 << 20, {.full_bytes = 256 << 10});
+    synthetic_steps(t, 0, 10'000, 20'000);  // 0.5 s, ~1.3 MB: the writer drains it
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    synthetic_steps(t, 10'000, 400'000, 20'000);  // to 20 s: sampled from 0.5 s on
+  }
+  const nlohmann::json events = read_json(path);
+  double from = -1;
+  for (const auto& e : events)
+    if (e["ph"] == "i") from = e["ts"].get<double>();
+  ASSERT_GE(from, 0);
+  std::map<std::int64_t, std::set<std::int64_t>> steps;  // per second: the steps kept
+  for (const auto& e : events)
+    if (e["ph"] == "X" && e["ts"].get<double>() > from && e["args"].contains("step"))
+      steps[static_cast<std::int64_t>(e["ts"].get<double>() * 1e-6)].insert(
+          e["args"]["step"].get<std::int64_t>());
+  for (const auto& [second, kept] : steps) EXPECT_LE(kept.size(), 6u) << "second " << second;
+  EXPECT_EQ(events.back()["args"]["sampled"], true);
 }
 
 TEST_F(Observe, MetricsLinesComeEveryIntervalAndParse) {

@@ -77,6 +77,36 @@ TEST_F(MixTest, AllExhaustedTakesEverySampleOfEveryInputOnce) {
   EXPECT_GT(early0, 20);
 }
 
+TEST_F(MixTest, StateGrowsWithTheInputsDrawnFromNotWithTheInputs) {
+  // Issue 26: every input's nodes were saved in every checkpoint, drawn from or not. An input
+  // not pulled since its epoch started is now saved as nothing (or its epoch, under cycle), and
+  // a restore starts it again.
+  auto make = [&](std::size_t n, MixStop stop) {
+    std::vector<Pipeline> inputs;
+    for (std::size_t i = 0; i < n; ++i)
+      inputs.push_back(input(i % 2 == 0 ? a_ : b_, static_cast<std::uint8_t>(i % 200), i % 3 != 2));
+    return Pipeline::Builder()
+        .seed(5)
+        .mix(std::move(inputs), {.weights = std::vector<double>(n, 1.0), .stop = stop})
+        .batch({.size = 8})
+        .build();
+  };
+  Loader l(make(2000, MixStop::kAllExhausted), {.epochs = 1});
+  for (int k = 0; k < 2; ++k) ASSERT_TRUE(l.next());
+  // 16 samples: at most 16 inputs drawn, each with its nodes' counters (< 200 bytes) and its
+  // source's identity (56 bytes and the name per file, up to 3 files). Every input's was saved:
+  // 2000 of them, ~700 kB here.
+  const std::size_t per_input = 200 + 3 * (56 + (dir_ / "b/part-00000.bin").size());
+  EXPECT_LT(l.state_struct().spine.size(), 1024 + 16 * per_input);
+  for (MixStop stop : {MixStop::kFirstExhausted, MixStop::kAllExhausted, MixStop::kCycle}) {
+    SCOPED_TRACE(mix_stop_name(stop));
+    // 40 inputs of 40 or 120 records, 8 samples a batch: most inputs are untouched in the
+    // first batches, and under cycle some restart while others never ran.
+    testing::expect_save_restore([&] { return make(40, stop); }, {.epochs = 3, .workers = 1},
+                                 {.epochs = 3, .workers = 2});
+  }
+}
+
 TEST_F(MixTest, ExtremeWeightsDrawByTheirRatio) {
   // Equal weights near the top of the double range (whose sum overflows) and subnormal ones
   // (whose sum rounds) draw each input about half the time, as [1, 1] does.

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flowstate/config/inspect.h"
+#include "flowstate/config/yaml.h"
 #include "flowstate/core/error.h"
 #include "flowstate/core/version.h"
 #include "flowstate/graph/loader.h"
@@ -73,6 +74,31 @@ TEST_F(StateVersions, LoadsACheckpointOfTheEntryStampFormat) {
   // Node states as length-prefixed entries (the node API's stamp), written by `flowstate run`
   // from the YAML form of the same pipeline.
   expect_resumes_exactly("entries-v1");
+}
+
+TEST_F(StateVersions, LoadsAMixStateOfVersionOne) {
+  // MixState version 1 saved every input's nodes; version 2 leaves out the inputs not pulled
+  // since their epoch started (issue 26). A version-1 checkpoint of a three-input mix, written
+  // by `flowstate run` of fixtures/mix-v1/pipeline/mix.yaml, still resumes exactly.
+  for (const char* f : {"mix.yaml", "in_a.yaml", "in_b.yaml", "in_c.yaml"})
+    std::filesystem::copy_file(kFixtures + "/mix-v1/pipeline/" + f, dir_ / f);
+  const Pipeline p = from_yaml_file(dir_ / "mix.yaml");
+  Loader full(p, options_);
+  const auto all = drain(full);
+  ASSERT_GT(all.size(), 10u);
+  Loader l(p, options_);
+  auto found = l.restore(kFixtures + "/mix-v1");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->step, 10u);
+  EXPECT_EQ(drain(l), std::vector<BatchTrace>(all.begin() + 10, all.end()));
+  // inspect decodes it: every input's nodes are there.
+  const auto state =
+      PipelineState::decode(read_checkpoint(kFixtures + "/mix-v1/step-000000000010").state);
+  const auto nodes =
+      nlohmann::json::parse(describe_node_states(state.spine, state.canonical, "mix-v1"));
+  ASSERT_EQ(nodes[0]["state"]["inputs"].size(), 3u);
+  EXPECT_EQ(nodes[0]["state"]["inputs"][1]["taken"], 93);
+  EXPECT_EQ(nodes[0]["state"]["inputs"][1]["nodes"][1]["state"]["cursor"], 93);
 }
 
 TEST_F(StateVersions, InspectReadsBothStampFormatsThroughTheNodeDefinitions) {
