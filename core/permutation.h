@@ -1,9 +1,16 @@
-// FeistelPermutation: a keyed bijection on [0, n) in O(1) memory and O(1) expected time per
-// element — the per-epoch order of a global shuffle. A balanced Feistel network on the
-// smallest even number of bits covering n, with cycle walking back into [0, n).
+// FeistelPermutation: a keyed bijection on [0, n) in O(1) expected time per element — the
+// per-epoch order of a global shuffle. A balanced Feistel network on the smallest even number
+// of bits covering n, with cycle walking back into [0, n).
+//
+// A round's function depends on the round and the right half only, so where a half has at
+// most kTableHalfBits bits (n up to 2^24, every data set of documents in practice) its values
+// are computed once, at construction (6 × 2^h Philox blocks, at most 48 KiB), and a round is a
+// table lookup: the same bijection, ~20× cheaper per element than six Philox blocks (the
+// global shuffle's permutation was 14% of W2's samples). Larger n compute each round.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace flowstate {
 
@@ -15,6 +22,10 @@ class FeistelPermutation {
   std::uint64_t operator()(std::uint64_t i) const;
   std::uint64_t size() const { return n_; }
 
+  static constexpr int kRounds = 6;
+  /// The largest half width whose round functions are tabled (2^12 entries per round).
+  static constexpr unsigned kTableHalfBits = 12;
+
  private:
   std::uint64_t encrypt(std::uint64_t x) const;
 
@@ -22,6 +33,8 @@ class FeistelPermutation {
   std::uint64_t key_;
   unsigned half_bits_ = 1;
   std::uint64_t half_mask_ = 1;
+  /// round r's function of right half v at [r << half_bits_ | v]; empty above kTableHalfBits.
+  std::vector<std::uint16_t> table_;
 };
 
 }  // namespace flowstate

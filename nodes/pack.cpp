@@ -72,12 +72,14 @@ void PackNode::start_epoch(std::uint64_t epoch) {
   state_ = PackState{.epoch = epoch};
   carry_doc_ = Document();
   upstream_done_ = false;
+  pending_views_.clear();
   ahead_off_ = false;
   clear_ahead();
 }
 
 void PackNode::on_restored() {
   upstream_done_ = false;
+  pending_views_.clear();  // the restored pending Refs are viewed one by one
   ahead_off_ = false;
   clear_ahead();
   carry_doc_ = state_.has_carry ? load_document(state_.carry) : Document();
@@ -146,6 +148,7 @@ bool PackNode::next_ref(Ref& next, std::uint64_t tokens) {
   if (state_.pending_left() == 0) {
     state_.pending.clear();
     state_.pending_at = 0;
+    pending_views_.clear();
     if (upstream_done_) return false;
     // As many documents as `tokens` take at the epoch's mean so far (rows * length over the
     // documents started: from the state alone, so a resumed run pulls as the first run did);
@@ -169,7 +172,17 @@ bool PackNode::next_ref(Ref& next, std::uint64_t tokens) {
     state_.pending.resize(got);
     if (got < want) upstream_done_ = true;  // fewer than asked: the epoch's end
     if (got == 0) return false;
+    if (direct_) {
+      // The chunk's views at once: their index lookups (a cache miss or two each, on a
+      // shuffled order) are independent here and overlap, where one per document between
+      // the planning of rows would wait for each in turn.
+      pending_views_.resize(got);
+      for (std::size_t i = 0; i < got; ++i)
+        pending_views_[i] = upstream_store_->view(state_.pending[i], field_);
+    }
   }
+  next_view_ =
+      pending_views_.size() == state_.pending.size() ? &pending_views_[state_.pending_at] : nullptr;
   next = state_.pending[state_.pending_at++];
   return true;
 }
@@ -220,7 +233,11 @@ bool PackNode::read_ahead(std::uint64_t at, const Ref& current) {
 PackNode::Document PackNode::next_document(const Ref& ref) {
   const std::uint64_t at = state_.documents;  // `ref`'s position in the upstream's epoch
   if (direct_) {
-    if (auto view = upstream_store_->view(ref, field_)) return from_view(ref, *view);
+    if (next_view_ != nullptr) {
+      if (*next_view_) return from_view(ref, **next_view_);
+    } else if (auto view = upstream_store_->view(ref, field_)) {
+      return from_view(ref, *view);
+    }
   }
   const bool windowed = !ahead_off_ && options_.read_ahead > 1 && parallel_;
   if (!windowed) return load_document(ref);
@@ -411,16 +428,18 @@ bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& field
     id_buffer = pool.acquire(options_.length * sizeof(std::int32_t) * rows.size());
     ids = static_cast<std::int32_t*>(id_buffer->data());
   }
-  // The pieces lie at random places of the mapped file: asking for the next row's while this
-  // one is copied keeps the misses in flight (the hardware prefetcher starts only within a piece).
+  // The pieces lie at random places of the mapped file: asking for the heads of the next
+  // row's pieces while this one is copied starts their misses and page walks early; the
+  // hardware prefetcher follows within a piece once the copy streams it. Asking for every
+  // line of the next row (64 prefetches a row) did no better and cost more instructions
+  // (bench/RESULTS.md, issue 26).
   auto prefetch = [&](const Row& row) {
     const std::size_t es = dtype_size(row.dtype);
     for (const Segment& seg : row.segments) {
-      if (seg.pad || seg.doc.data == nullptr) continue;
+      if (seg.pad || seg.doc.data == nullptr || seg.begin >= seg.doc.numel) continue;
       const std::byte* p = seg.doc.data + seg.begin * es;
-      const std::size_t bytes =
-          (std::min(seg.end, seg.doc.numel) - std::min(seg.begin, seg.doc.numel)) * es;
-      for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+      __builtin_prefetch(p);
+      if ((std::min(seg.end, seg.doc.numel) - seg.begin) * es > 64) __builtin_prefetch(p + 64);
     }
   };
   prefetch(*rows.front());

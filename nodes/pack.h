@@ -253,6 +253,11 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   std::optional<DType> dtype_;  ///< of the first document read; every one must match
   Document carry_doc_;          ///< the tokens of state_.carry while has_carry
   bool upstream_done_ = false;  ///< the upstream's epoch has ended (pending may remain)
+  /// With `direct`: the store's views of state_.pending, taken when they were pulled (empty
+  /// after a restore: those are viewed one by one), and the view of the Ref next_ref gave
+  /// last (null: none taken).
+  std::vector<std::optional<RecordView>> pending_views_;
+  const std::optional<RecordView>* next_view_ = nullptr;
   // The spine's: a pull's rows until they go in flight, and released rows to plan into (a
   // row's pieces keep their capacity: no allocation per row once running).
   std::vector<std::unique_ptr<Row>> planned_, spare_;

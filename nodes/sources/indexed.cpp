@@ -122,8 +122,10 @@ IndexedFile::IndexedFile(const std::string& idx_path) {
                     "'" + bin + "' holds " + std::to_string(bin_->size()) + " bytes, its index '" +
                         idx_path + "' describes " + std::to_string(expected));
   std::int64_t previous = 0;
+  bool identity = doc_entries == sequences_ + 1;
   for (std::uint64_t d = 0; d < doc_entries; ++d) {
     const std::int64_t s = doc(d);
+    identity = identity && static_cast<std::uint64_t>(s) == d;
     const bool bad = d == 0 ? s != 0 : (s < previous || static_cast<std::uint64_t>(s) > sequences_);
     if (bad)
       throw fail(docs_at_ + 8 * d, "document index entry " + std::to_string(d) + " is " +
@@ -137,6 +139,7 @@ IndexedFile::IndexedFile(const std::string& idx_path) {
     throw fail(docs_at_ + 8 * (doc_entries - 1),
                "the last document index entry is " + std::to_string(previous) + ", expected " +
                    std::to_string(sequences_) + " (the sequence count)");
+  one_sequence_per_document_ = identity;
 }
 
 std::int32_t IndexedFile::length(std::uint64_t i) const {
@@ -154,8 +157,8 @@ std::span<const std::byte> IndexedFile::sequence(std::uint64_t i) const {
 }
 
 std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
-  const auto first = static_cast<std::uint64_t>(doc(d));
-  const auto last = static_cast<std::uint64_t>(doc(d + 1));
+  const auto first = one_sequence_per_document_ ? d : static_cast<std::uint64_t>(doc(d));
+  const auto last = one_sequence_per_document_ ? d + 1 : static_cast<std::uint64_t>(doc(d + 1));
   if (first == last) return {};
   // Sequences lie end to end (checked at open): a document ends where the next sequence
   // starts, or at the end of the .bin. Two neighbouring entries of two arrays: on a shuffled

@@ -111,6 +111,10 @@ class IndexedFile {
   std::size_t item_ = 1;
   std::uint64_t sequences_ = 0;
   std::uint64_t documents_ = 0;
+  /// The document index is 0, 1, ..., S (each sequence a document, as Megatron's and
+  /// `flowstate gen`'s pre-training sets are): document d is sequence d, found without reading
+  /// the document index (one cache miss per document of a shuffled order, not two).
+  bool one_sequence_per_document_ = false;
   std::size_t lengths_at_ = 0, pointers_at_ = 0, docs_at_ = 0;  ///< byte offsets in .idx
 };
 

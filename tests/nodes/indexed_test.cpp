@@ -106,6 +106,36 @@ TEST(IndexedSource, ConcatenatesPrefixesAndRefusesMixedDtypes) {
   }
 }
 
+// A document index of one entry more than the sequences is read without the index when it is
+// 0, 1, ..., S (each sequence a document); one of that length that is not (an empty document,
+// then two sequences together) is still read through it.
+TEST(IndexedSource, ReadsADocumentIndexAsLongAsTheSequencesThroughIt) {
+  TempDir dir;
+  const std::int32_t lengths[] = {3, 1, 4};
+  std::string bin;
+  for (int s = 0; s < 3; ++s)
+    for (const std::int64_t t : u16_sequence(s, lengths[s])) {
+      const auto v = static_cast<std::uint16_t>(t);
+      bin.append(reinterpret_cast<const char*>(&v), 2);
+    }
+  const std::uint64_t identity[] = {0, 1, 2, 3}, grouped[] = {0, 0, 2, 3};
+  testing::write_file(dir / "i.bin", bin);
+  testing::write_file(dir / "i.idx", megatron_index(DType::kUInt16, lengths, identity));
+  testing::write_file(dir / "g.bin", bin);
+  testing::write_file(dir / "g.idx", megatron_index(DType::kUInt16, lengths, grouped));
+  IndexedSource one("indexed", {.paths = {dir / "i.idx"}});
+  EXPECT_EQ(read_all<std::uint16_t>(one),
+            (std::vector<std::vector<std::int64_t>>{u16_sequence(0, 3), u16_sequence(1, 1),
+                                                    u16_sequence(2, 4)}));
+  IndexedSource two("indexed", {.paths = {dir / "g.idx"}});
+  EXPECT_EQ(read_all<std::uint16_t>(two),
+            (std::vector<std::vector<std::int64_t>>{
+                {}, concat(u16_sequence(0, 3), u16_sequence(1, 1)), u16_sequence(2, 4)}));
+  const auto view = two.view(two.at(0, 1), field_id("tokens"));
+  ASSERT_TRUE(view.has_value());
+  EXPECT_EQ(view->bytes.size(), 8u);  // 4 tokens of 2 bytes: the first two sequences
+}
+
 /// A copy of tokens_u16 in `dir` with `patch` applied to its index bytes; the DataError of
 /// opening it.
 std::string refusal(const TempDir& dir, const std::function<void(std::string&)>& patch,
