@@ -6,7 +6,7 @@
 //   extern "C" void flowstate_register_plugin(flowstate::PluginRegistry& r) {
 //     r.add(take_node());                                 // a NodeDef (nodes/definition.h)
 //     r.add(define_transform<ClipOptions>("clip", ...));  // a transform (nodes/transform.h)
-//     r.add(define_predicate<EvenOptions>("even", ...));  // a predicate (nodes/filter.h)
+//     r.add(define_predicate<EvenOptions>("even", ...));  // a predicate (nodes/transform.h)
 //   }
 //
 // A plugin is built against the same flowstate as the program that loads it and resolves

@@ -1,5 +1,5 @@
 // The registry of named functions YAML calls: map's transforms and filter's predicates
-// (declared by options tables: nodes/transform.h, nodes/filter.h), and the built-in
+// (declared by options tables: nodes/transform.h), and the built-in
 // transforms. Registration is explicit: with_builtins() adds the built-ins; a program registers
 // its own the same way and passes its registry to the YAML loader (also used inside a mix's
 // inputs); a plugin registers into the process's global() one (config/plugins.h).
@@ -27,7 +27,6 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/nodes/assembly.h"
-#include "flowstate/nodes/filter.h"
 #include "flowstate/nodes/params.h"
 #include "flowstate/nodes/transform.h"
 

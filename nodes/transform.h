@@ -21,6 +21,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,5 +81,43 @@ TransformSchema define_transform(std::string name, std::string doc,
     };
   return t;
 }
+
+/// A predicate that keeps a sample when the first dimension of its 1-D field `field` lies in
+/// [min, max]: the filter may decide it from RecordStore::view, without reading the record.
+struct LengthRule {
+  FieldId field = 0;
+  double min = 0, max = 0;
+};
+
+/// What a named predicate makes: the function, and the length rule it is exactly, if any.
+struct Predicate {
+  FilterFn fn;
+  std::optional<LengthRule> by_length;
+};
+
+/// A registered filter predicate, what `- filter: {fn: NAME, ...}` names (nodes/filter.h; the
+/// registry is config/transforms.h's, beside the transforms; a plugin adds its own the same way).
+struct PredicateSchema {
+  std::string name;  ///< the `fn` value
+  std::string doc;   ///< one line
+  /// Its parameters (besides the filter's own `fn`).
+  std::vector<ParamSchema> params;
+  /// Makes the predicate from validated parameters. May throw ConfigError keyed by a
+  /// parameter; the predicate may throw DataError.
+  std::function<Predicate(const Params&)> make;
+};
+
+/// A predicate declared by its options table `O` (define_transform above, for a filter): its
+/// parameters are schema_of<O>(); `make` gets the options and the parameters.
+template <OptionsTable O>
+PredicateSchema define_predicate(std::string name, std::string doc,
+                                 std::function<Predicate(const O&, const Params&)> make) {
+  PredicateSchema s{.name = std::move(name), .doc = std::move(doc), .params = schema_of<O>()};
+  s.make = [f = std::move(make)](const Params& p) { return f(read_options<O>(p), p); };
+  return s;
+}
+
+/// The built-in predicates: length, value and keep_fraction (defined in nodes/filter.cpp).
+std::vector<PredicateSchema> builtin_predicates();
 
 }  // namespace flowstate

@@ -10,7 +10,6 @@
 //               same ones).
 #pragma once
 
-#include "flowstate/nodes/filter.h"
 #include "flowstate/nodes/transform.h"
 
 namespace flowstate::examples {
