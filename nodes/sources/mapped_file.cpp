@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <glob.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,11 +10,139 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include "flowstate/core/error.h"
 
 namespace flowstate {
+
+/// The live mappings by address, for the SIGBUS handler. A spin lock, not a mutex: the handler
+/// takes it too (it runs on the thread whose read faulted, which never holds it: only the
+/// registration below takes it, and it reads no mapped byte).
+struct MappingRegistry {
+  static MappingRegistry& get() {
+    static MappingRegistry* r = new MappingRegistry;  // never destroyed: a late fault finds it
+    return *r;
+  }
+  void lock() {
+    while (busy.test_and_set(std::memory_order_acquire)) {
+    }
+  }
+  void unlock() { busy.clear(std::memory_order_release); }
+
+  void add(const MappedFile* f) {
+    install();
+    lock();
+    try {
+      files.emplace(reinterpret_cast<std::uintptr_t>(f->data_), f);
+    } catch (...) {
+      unlock();
+      throw;
+    }
+    unlock();
+  }
+  void remove(const MappedFile* f) {
+    lock();
+    files.erase(reinterpret_cast<std::uintptr_t>(f->data_));
+    if (f->fault_offset_.load(std::memory_order_relaxed) != MappedFile::kNoFault)
+      faulted.fetch_sub(1, std::memory_order_relaxed);
+    unlock();
+  }
+
+  /// Called on SIGBUS: a read at `addr` of a mapping whose file lost that page gets a page of
+  /// zeros there and the mapping remembers the offset; false when `addr` is no mapping's.
+  bool on_fault(std::uintptr_t addr) {
+    lock();
+    bool handled = false;
+    auto it = files.upper_bound(addr);
+    if (it != files.begin()) {
+      --it;
+      const MappedFile* f = it->second;
+      if (addr < it->first + f->size_) {
+        const std::uintptr_t page = addr & ~(page_size - 1);
+        void* p = ::mmap(reinterpret_cast<void*>(page), page_size, PROT_READ,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if (p != MAP_FAILED) {
+          const std::uint64_t offset = addr - it->first;
+          std::uint64_t prev = f->fault_offset_.load(std::memory_order_relaxed);
+          if (prev == MappedFile::kNoFault) faulted.fetch_add(1, std::memory_order_relaxed);
+          while (offset < prev &&
+                 !f->fault_offset_.compare_exchange_weak(prev, offset, std::memory_order_release)) {
+          }
+          handled = true;
+        }
+      }
+    }
+    unlock();
+    return handled;
+  }
+
+  static void handler(int sig, siginfo_t* info, void* ctx) {
+    if (get().on_fault(reinterpret_cast<std::uintptr_t>(info->si_addr))) return;
+    // Not a read of ours: whatever handled SIGBUS before flowstate does.
+    const struct sigaction& prev = get().previous;
+    if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
+      prev.sa_sigaction(sig, info, ctx);
+    } else if ((prev.sa_flags & SA_SIGINFO) == 0 && prev.sa_handler != SIG_DFL &&
+               prev.sa_handler != SIG_IGN) {
+      prev.sa_handler(sig);
+    } else {
+      // The default action: returning repeats the read, which raises SIGBUS again.
+      ::signal(SIGBUS, SIG_DFL);
+    }
+  }
+
+  void install() {
+    std::call_once(installed, [this] {
+      page_size = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+      struct sigaction sa {};
+      sa.sa_sigaction = &MappingRegistry::handler;
+      sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+      sigemptyset(&sa.sa_mask);
+      ::sigaction(SIGBUS, &sa, &previous);
+    });
+  }
+
+  std::atomic_flag busy = ATOMIC_FLAG_INIT;
+  std::map<std::uintptr_t, const MappedFile*> files;
+  std::atomic<std::uint64_t> faulted{0};
+  std::uintptr_t page_size = 4096;
+  struct sigaction previous {};
+  std::once_flag installed;
+};
+
+std::uint64_t faulted_mappings() {
+  return MappingRegistry::get().faulted.load(std::memory_order_relaxed);
+}
+
+void check_mappings() {
+  MappingRegistry& r = MappingRegistry::get();
+  if (r.faulted.load(std::memory_order_acquire) == 0) return;
+  std::string path;
+  std::uint64_t offset = MappedFile::kNoFault, size = 0;
+  r.lock();
+  for (const auto& [base, f] : r.files) {
+    const std::uint64_t o = f->fault_offset();
+    if (o == MappedFile::kNoFault) continue;
+    path = f->path();
+    offset = o;
+    size = f->size();
+    break;
+  }
+  r.unlock();
+  if (offset == MappedFile::kNoFault) return;
+  struct stat st {};
+  const std::string now = ::stat(path.c_str(), &st) == 0
+                              ? "it has " + std::to_string(st.st_size) + " bytes now"
+                              : "it is gone now (" + std::string(std::strerror(errno)) + ")";
+  throw DataError(path, offset,
+                  "'" + path + "' changed while it was read: byte " + std::to_string(offset) +
+                      " is past its end (it had " + std::to_string(size) + " bytes when opened; " +
+                      now +
+                      "); a data file must not be truncated or replaced while a run reads it");
+}
 
 MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
@@ -43,12 +172,21 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
     // Records are read in shuffled order: tell the kernel not to read ahead.
     ::madvise(p, size_, MADV_RANDOM);
     data_ = static_cast<const std::byte*>(p);
+    try {
+      MappingRegistry::get().add(this);
+    } catch (...) {
+      ::munmap(p, size_);
+      ::close(fd);
+      throw;
+    }
   }
   ::close(fd);
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (data_ == nullptr) return;
+  MappingRegistry::get().remove(this);
+  ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
 namespace {

@@ -1,7 +1,11 @@
-// A read-only memory mapping of a whole file. Errors name the file.
+// A read-only memory mapping of a whole file. Errors name the file. A file that shrinks or
+// vanishes while it is mapped does not kill the process: a guard catches the SIGBUS of a read
+// past its new end, and the assembler reports it as a DataError (see check_mappings).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -10,6 +14,12 @@
 namespace flowstate {
 
 /// A file mapped read-only. Empty files map to no memory. Immutable and thread-safe.
+///
+/// A read of a page the file no longer has (truncated or replaced under the run) raises SIGBUS;
+/// flowstate's handler (installed with the first mapping, chaining to any handler before it)
+/// puts a page of zeros there, remembers the first such offset, and lets the read go on. Every
+/// batch is checked before it leaves the assembler (check_mappings): a batch made after such a
+/// read fails with a DataError naming the file and the offset, never one holding the zeros.
 class MappedFile {
  public:
   /// Maps `path`; throws DataError naming the file when it cannot be opened or mapped.
@@ -21,12 +31,25 @@ class MappedFile {
   const std::string& path() const { return path_; }
   const std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
+  /// The first offset a read found missing (the file shrank under the mapping), or kNoFault.
+  std::uint64_t fault_offset() const { return fault_offset_.load(std::memory_order_acquire); }
+  static constexpr std::uint64_t kNoFault = ~std::uint64_t{0};
 
  private:
+  friend struct MappingRegistry;
   std::string path_;
   const std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  mutable std::atomic<std::uint64_t> fault_offset_{kNoFault};  ///< set by the SIGBUS guard
 };
+
+/// How many live mappings a read found cut short: 0 in a healthy process (one relaxed load,
+/// polled per batch).
+std::uint64_t faulted_mappings();
+
+/// Throws a DataError naming the file and offset of the first live mapping a read found cut
+/// short ("... changed while it was read ..."); returns when there is none.
+void check_mappings();
 
 /// A file a pattern matched.
 struct ExpandedPath {
