@@ -31,17 +31,21 @@ class Tokenize : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new TempDir;
     model_ = testing::train_sentencepiece(dir_->str(), "m", 500);
-    no_bos_ = testing::train_sentencepiece(dir_->str(), "nobos", 400, 300, 100, "--bos_id=-1");
     testing::write_text_jsonl(*dir_ / "text-00000.jsonl", kDocs0, 60);
     testing::write_text_jsonl(*dir_ / "text-00001.jsonl", kDocs1, 150, 9);
   }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
+    no_bos_.clear();
   }
-  void SetUp() override {
-    ASSERT_FALSE(model_.empty());
-    ASSERT_FALSE(no_bos_.empty());
+  void SetUp() override { ASSERT_FALSE(model_.empty()); }
+  /// A second model, without a BOS piece, trained when a test first asks for it (each test runs
+  /// in a process of its own under ctest).
+  static const std::string& no_bos() {
+    if (no_bos_.empty())
+      no_bos_ = testing::train_sentencepiece(dir_->str(), "nobos", 400, 300, 100, "--bos_id=-1");
+    return no_bos_;
   }
 
   static Pipeline::Builder texts(const std::string& glob = "text-*.jsonl") {
@@ -220,7 +224,7 @@ TEST_F(Tokenize, TheModelIsInTheFingerprintByItsBytesNotItsPath) {
       << bytes << "\x0a" << static_cast<char>(piece.size()) << piece;
   ASSERT_EQ(SentencePieceModel::load(changed)->vocab_size(), 501);
   EXPECT_NE(packed(model_).fingerprint(), packed(changed).fingerprint());
-  EXPECT_NE(packed(model_).fingerprint(), packed(no_bos_).fingerprint());
+  EXPECT_NE(packed(model_).fingerprint(), packed(no_bos()).fingerprint());
   // A resume with another model is refused like any other change, naming it.
   Loader first(packed(model_));
   first.next();
@@ -243,6 +247,7 @@ TEST_F(Tokenize, TheModelIsInTheFingerprintByItsBytesNotItsPath) {
 // ---- YAML ----
 
 TEST_F(Tokenize, YamlResolvesTheModelAgainstTheFileAndPlacesItsErrors) {
+  ASSERT_FALSE(no_bos().empty());  // nobos.model, beside m.model
   const std::string yaml =
       "seed: 11\n"
       "source: {type: lines, paths: 'text-*.jsonl', format: jsonl, json_fields: [text]}\n"
@@ -331,9 +336,9 @@ TEST_F(Tokenize, OptionErrorsNameTheModelAndItsVocabulary) {
                 "uint32");
   EXPECT_EQ(config_error({.model = big, .dtype = TokenDType::kUInt32}), "");
   EXPECT_EQ(
-      config_error({.model = no_bos_, .bos = true}),
-      "tokenize.bos | the model '" + no_bos_ + "' has no BOS piece (trained with --bos_id=-1)");
-  EXPECT_EQ(config_error({.model = no_bos_, .eos = true}), "");
+      config_error({.model = no_bos(), .bos = true}),
+      "tokenize.bos | the model '" + no_bos() + "' has no BOS piece (trained with --bos_id=-1)");
+  EXPECT_EQ(config_error({.model = no_bos(), .eos = true}), "");
   EXPECT_EQ(config_error({.model = model_, .bos = true, .eos = true, .max_length = 2}),
             "tokenize.max_length | max_length 2 leaves no room for a token beside BOS/EOS");
 }
