@@ -25,6 +25,11 @@ endif()
 if(NOT XXHASH_FOUND)
   message(FATAL_ERROR "flowstate needs xxhash: install the Debian packages 'libxxhash-dev' and 'pkg-config'")
 endif()
+# SentencePiece (the tokenize node): Debian's libsentencepiece-dev ships a .pc file only.
+pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
+if(NOT SENTENCEPIECE_FOUND)
+  message(FATAL_ERROR "flowstate needs SentencePiece: install the Debian package 'libsentencepiece-dev'")
+endif()
 
 find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h)
 if(NOT DLPACK_INCLUDE_DIR)

@@ -17,3 +17,4 @@
 #include "flowstate/nodes/sources/lines.h"
 #include "flowstate/nodes/sources/records.h"
 #include "flowstate/nodes/sources/tar.h"
+#include "flowstate/nodes/tokenize.h"

@@ -166,6 +166,12 @@ void FileSource::out_of_range(const Ref& ref) const {
                   "record " + std::to_string(ref.index) + " is out of range");
 }
 
+void FileSource::fail_record(const Ref& ref, const std::string& what) const {
+  const std::uint64_t i = local(ref);
+  throw DataError(files_[ref.shard], DataError::kNoOffset,
+                  "'" + files_[ref.shard] + "' record " + std::to_string(i) + ": " + what);
+}
+
 void FileSource::restore(InArchive& ar) {
   FileSourceState s;
   ar(s);

@@ -151,6 +151,13 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
 
   /// The files, in record order.
   const std::vector<std::string>& files() const { return files_; }
+  /// The source id in this source's Refs.
+  std::uint32_t source_id() const { return source_id_; }
+  /// Throws a DataError about the record `ref` (one of this source's) that names where it
+  /// lies — "'FILE' record N: what" (N counted from 0 in the file), a `lines` source "'FILE'
+  /// line L (byte B): what" — for a node after the source that cannot work on the record
+  /// (tokenize).
+  [[noreturn]] virtual void fail_record(const Ref& ref, const std::string& what) const;
 
  protected:
   /// Appends the next file, holding `records` records, and records its identity under `name`

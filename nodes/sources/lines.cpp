@@ -1,7 +1,10 @@
 #include "flowstate/nodes/sources/lines.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -12,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flowstate/core/error.h"
+#include "flowstate/core/rng.h"
 #include "flowstate/nodes/sources/index_cache.h"
 
 namespace flowstate {
@@ -352,6 +356,10 @@ void LinesSource::fail(std::size_t k, std::uint64_t offset, const std::string& w
                       std::to_string(offset) + "): " + what);
 }
 
+void LinesSource::fail_record(const Ref& ref, const std::string& what) const {
+  fail(ref.shard, start_of(starts_[ref.shard][local(ref)]), what);
+}
+
 // ---- writing ----
 
 void append_line(std::string& out, std::string_view line, LineEnd end) {
@@ -371,6 +379,154 @@ void append_jsonl_tokens(std::string& out, std::uint64_t id, std::span<const std
     out.append(std::to_string(tokens[j]));
   }
   out.append("]}\n");
+}
+
+}  // namespace flowstate
+
+namespace flowstate {
+
+void append_jsonl_text(std::string& out, std::string_view text) {
+  out.append("{\"text\": \"");
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out.append("\\\"");
+        break;
+      case '\\':
+        out.append("\\\\");
+        break;
+      case '\n':
+        out.append("\\n");
+        break;
+      case '\t':
+        out.append("\\t");
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
+          out.append(buf);
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.append("\"}\n");
+}
+
+namespace {
+
+/// The most common English words, most frequent first: the head of the synthetic vocabulary.
+constexpr std::array<std::string_view, 160> kCommonWords{
+    "the",    "of",      "and",     "to",      "a",        "in",       "is",     "that",
+    "for",    "it",      "as",      "was",     "with",     "be",       "by",     "on",
+    "not",    "he",      "this",    "are",     "or",       "his",      "from",   "at",
+    "which",  "but",     "have",    "an",      "had",      "they",     "you",    "were",
+    "their",  "one",     "all",     "we",      "can",      "her",      "has",    "there",
+    "been",   "if",      "more",    "when",    "will",     "would",    "who",    "so",
+    "no",     "she",     "other",   "its",     "may",      "these",    "what",   "them",
+    "than",   "some",    "him",     "time",    "into",     "only",     "do",     "could",
+    "new",    "about",   "two",     "first",   "then",     "also",     "any",    "most",
+    "people", "such",    "like",    "over",    "made",     "many",     "must",   "world",
+    "after",  "years",   "where",   "through", "between",  "under",    "city",   "river",
+    "water",  "school",  "history", "system",  "work",     "music",    "small",  "large",
+    "during", "against", "village", "century", "family",   "language", "known",  "called",
+    "number", "because", "however", "several", "while",    "early",    "later",  "without",
+    "among",  "public",  "each",    "north",   "south",    "house",    "church", "began",
+    "around", "since",   "light",   "market",  "found",    "second",   "great",  "form",
+    "group",  "power",   "old",     "long",    "part",     "place",    "road",   "named",
+    "war",    "state",   "area",    "game",    "book",     "built",    "team",   "local",
+    "café",   "naïve",   "résumé",  "Zürich",  "São",      "über",     "1984",   "2.5",
+    "garden", "bridge",  "station", "island",  "mountain", "forest",   "winter", "summer",
+};
+
+/// Syllables of the made-up words: the long tail of the vocabulary.
+constexpr std::array<std::string_view, 32> kSyllables{
+    "ka", "lo", "mer", "tan", "vi", "sol", "re",  "dun", "pa",  "gor", "el",
+    "ri", "na", "tho", "ben", "cu", "ast", "or",  "ik",  "wel", "mo",  "zan",
+    "te", "lu", "bar", "fin", "os", "que", "dra", "ly",  "sen", "ho"};
+
+/// Words in the vocabulary: the common ones, then made-up ones of 2 or 3 syllables.
+constexpr std::uint64_t kVocabulary = 8192;
+
+/// Word `rank` of the vocabulary, appended to `out`.
+void append_word(std::string& out, std::uint64_t rank) {
+  if (rank < kCommonWords.size()) {
+    out.append(kCommonWords[rank]);
+    return;
+  }
+  std::uint64_t r = philox64(rank, 0x7465787477, 0);  // a fixed spelling per rank
+  const int syllables = 2 + static_cast<int>(r % 2);
+  for (int k = 0; k < syllables; ++k) {
+    r >>= 5;
+    out.append(kSyllables[r % kSyllables.size()]);
+  }
+}
+
+/// The cumulative Zipf weights (exponent 1.05) of the vocabulary's ranks, for drawing a rank.
+const std::vector<double>& zipf_cdf() {
+  static const std::vector<double> cdf = [] {
+    std::vector<double> c(kVocabulary);
+    double sum = 0;
+    for (std::uint64_t r = 0; r < kVocabulary; ++r)
+      c[r] = sum += 1.0 / std::pow(static_cast<double>(r + 1), 1.05);
+    for (double& v : c) v /= sum;
+    return c;
+  }();
+  return cdf;
+}
+
+/// A uniform double in [0, 1) from 53 random bits.
+double unit(ElementRng& rng) { return static_cast<double>(rng() >> 11) / 9007199254740992.0; }
+
+}  // namespace
+
+std::string synthetic_text(std::uint64_t seed, std::uint64_t index, std::uint64_t median_words) {
+  ElementRng rng(seed, index, std::uint64_t{4} << 32);
+  // Lognormal length (Box-Muller over two draws).
+  constexpr double kTwoPi = 6.283185307179586;
+  const double u1 = (static_cast<double>(rng() >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+  const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * unit(rng));
+  const double median = static_cast<double>(std::max<std::uint64_t>(median_words, 1));
+  const auto words = static_cast<std::uint64_t>(
+      std::clamp(std::round(median * std::exp(0.5 * z)), 1.0, 20.0 * median));
+  const std::vector<double>& cdf = zipf_cdf();
+  std::string out;
+  out.reserve(words * 7);
+  std::uint64_t sentence_left = 0, sentences_in_paragraph = 0;
+  for (std::uint64_t w = 0; w < words; ++w) {
+    const bool starts = sentence_left == 0;
+    if (starts) {
+      sentence_left = 3 + rng.below(22);
+      if (w > 0) {
+        // A paragraph of 3 to 8 sentences.
+        if (++sentences_in_paragraph >= 3 && rng.below(6) == 0) {
+          out.append("\n\n");
+          sentences_in_paragraph = 0;
+        } else {
+          out.push_back(' ');
+        }
+      }
+    } else {
+      out.push_back(' ');
+    }
+    const auto rank = static_cast<std::uint64_t>(
+        std::upper_bound(cdf.begin(), cdf.end(), unit(rng)) - cdf.begin());
+    const std::size_t at = out.size();
+    append_word(out, std::min(rank, kVocabulary - 1));
+    if (starts && out[at] >= 'a' && out[at] <= 'z') out[at] = static_cast<char>(out[at] - 32);
+    --sentence_left;
+    if (sentence_left == 0 || w + 1 == words) {
+      const std::uint64_t end = rng.below(10);
+      out.push_back(end == 0 ? '?' : end == 1 ? '!' : '.');
+      sentence_left = 0;
+    } else if (rng.below(12) == 0) {
+      out.push_back(',');
+    } else if (rng.below(200) == 0) {
+      out.append(" \"quoted\"");
+    }
+  }
+  return out;
 }
 
 }  // namespace flowstate

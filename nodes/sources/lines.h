@@ -106,6 +106,8 @@ class LinesSource final : public FileSource {
   FieldId record_field() const override { return field_; }
   /// Plain text: the line's bytes where they lie in the mapped file (JSON Lines: none).
   std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
+  /// "'FILE' line L (byte B): what".
+  [[noreturn]] void fail_record(const Ref& ref, const std::string& what) const override;
 
  private:
   /// The line starting at byte `begin` of file k, without its newline or '\r'.
@@ -142,5 +144,18 @@ void append_line(std::string& out, std::string_view line, LineEnd end = LineEnd:
 /// document of `flowstate gen lines --jsonl`, which a `lines` source with json_fields
 /// {id, tokens} reads as an int64 scalar and a 1-D int64 tensor.
 void append_jsonl_tokens(std::string& out, std::uint64_t id, std::span<const std::int64_t> tokens);
+
+/// Appends the JSON Lines line {"text": "..."} and its "\n" to `out`: `text` (UTF-8) as a JSON
+/// string, '"', '\\' and control characters escaped, which a `lines` source with json_fields
+/// {text} reads back as its bytes (uint8). A document of `flowstate gen text`.
+void append_jsonl_text(std::string& out, std::string_view text);
+
+/// Document `index` of the synthetic text corpus of `seed` (`flowstate gen text`): English-
+/// looking prose — sentences of 3 to 24 words drawn with Zipf frequencies from a vocabulary of
+/// common English words and made-up ones (a few with accents or digits), capitalized and
+/// punctuated, in paragraphs separated by "\n\n" — of a lognormal number of words (median
+/// `median_words`, sigma 0.5, 1 to 20 × the median). A pure function of (seed, index,
+/// median_words).
+std::string synthetic_text(std::uint64_t seed, std::uint64_t index, std::uint64_t median_words);
 
 }  // namespace flowstate

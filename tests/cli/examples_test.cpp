@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -276,6 +277,105 @@ TEST(Examples, MainJobWritesUnderBuildByDefault) {
   EXPECT_EQ(entries, 1u);
 }
 #endif
+
+// ---- text_pretrain.yaml: raw text, tokenized on the fly, packed ----
+
+/// Runs text_pretrain.sh as its comment says, in `dir`, on a small corpus and model (the
+/// script makes both), with `run` going to `flowstate run`.
+CliResult text_pretrain(const TempDir& dir, const std::vector<std::string>& run) {
+  std::vector<std::string> args{
+      (fs::path(testing::source_dir()) / "examples/pipelines/text_pretrain.sh").string(),
+      "--dir",
+      dir.str(),
+      "--docs",
+      "400",
+      "--train-docs",
+      "150",
+      "--vocab",
+      "1000",
+      "--"};
+  args.insert(args.end(), run.begin(), run.end());
+  ::setenv("FLOWSTATE_CLI", testing::cli_path().c_str(), 1);
+  return testing::run_program("/bin/bash", args, dir.str());
+}
+
+TEST(Examples, TextPretrainRunsFromOneCommandAndResumesAfterSigkillWithOtherWorkers) {
+  TempDir dir;
+  CliResult r = text_pretrain(dir, {"--checkpoint-dir", "full", "--digests", "all.txt"});
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("trained spm/m.model (1000 pieces) on 150 documents"), std::string::npos)
+      << r.err;
+  const auto all = read_lines(dir / "all.txt");
+  ASSERT_GT(all.size(), 8u) << r.err;  // ~280 k ids: about 17 batches of 8 rows of 2048
+  r = run_cli({"validate", "text_pretrain.yaml"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("model: xxh3:"), std::string::npos) << r.out;
+
+  // Epochs 0: the run cannot end by itself; a checkpoint every 2 steps (each fsynced) keeps it
+  // slow enough to be killed mid-run. SIGKILL: no final checkpoint, whatever it was doing.
+  const std::vector<std::string> common{
+      "run", "text_pretrain.yaml", "--epochs", "0",         "--checkpoint-dir",
+      "ck",  "--checkpoint-every", "2",        "--digests", "int.txt"};
+  std::vector<std::string> first = common;
+  first.insert(first.end(), {"--workers", "2"});
+  CliProcess p(first, dir.str());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_lines(dir / "int.txt").size() < 25) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress in int.txt";
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  p.signal(SIGKILL);
+  ASSERT_EQ(p.wait().status, 128 + SIGKILL);
+  const std::uint64_t killed_at = read_lines(dir / "int.txt").size();
+  std::vector<std::string> resume = common;
+  resume.insert(resume.end(),
+                {"--workers", "1", "--resume", "--steps", std::to_string(killed_at + 20)});
+  r = run_cli(resume, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flowstate: resumed from ck/step-"), std::string::npos) << r.err;
+  r = run_cli({"run", "text_pretrain.yaml", "--epochs", "0", "--steps",
+               std::to_string(killed_at + 20), "--checkpoint-dir", "ref", "--digests", "ref.txt"},
+              dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Steps repeated after the resume are identical (by_step checks), none lost, into epoch 1.
+  const auto ref = read_lines(dir / "ref.txt");
+  EXPECT_EQ(by_step(read_lines(dir / "int.txt")), ref);
+  EXPECT_EQ(std::vector<std::string>(ref.begin(), ref.begin() + all.size()), all);
+
+  // A retrained model (another vocabulary) is another pipeline: the resume is refused.
+  ASSERT_EQ(run_cli({"gen", "text", "--out", "spm2", "--docs", "150", "--txt"}, dir.str()).status,
+            0);
+  ASSERT_EQ(std::system(("cd '" + dir.str() +
+                         "' && spm_train --input=spm2/text-00000.txt --model_prefix=spm/m "
+                         "--vocab_size=900 --max_sentence_length=65536 --minloglevel=2 "
+                         ">/dev/null 2>&1")
+                            .c_str()),
+            0);
+  r = run_cli({"run", "text_pretrain.yaml", "--checkpoint-dir", "ck", "--resume"}, dir.str());
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_NE(r.err.find("tokenize.model"), std::string::npos) << r.err;
+}
+
+TEST(Examples, TokenizeErrorsExitWithTheirStatus) {
+  TempDir dir;
+  testing::write_file(dir / "p.yaml",
+                      "source: {type: lines, paths: 'data/*.jsonl', format: jsonl, "
+                      "json_fields: [text]}\n"
+                      "nodes:\n  - tokenize: {model: none.model}\n  - batch: {size: 2}\n");
+  fs::create_directories(dir / "data");
+  testing::write_file(dir / "data/a.jsonl", "{\"text\": \"one\"}\n{\"text\": 7}\n");
+  CliResult r = run_cli({"run", "p.yaml"}, dir.str());
+  EXPECT_EQ(r.status, 2) << r.err;  // configuration: the model cannot be read
+  EXPECT_NE(r.err.find("p.yaml:3:23: nodes[0].tokenize.model: cannot read the SentencePiece "
+                       "model '"),
+            std::string::npos)
+      << r.err;
+  testing::write_file(dir / "none.model", "not a model");
+  r = run_cli({"validate", "p.yaml", "--no-data"}, dir.str());
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("none.model' is not a SentencePiece model (11 bytes: "), std::string::npos)
+      << r.err;
+}
 
 }  // namespace
 }  // namespace flowstate

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -150,6 +151,49 @@ TEST_F(Gen, JsonLinesHoldTheSameDocumentsAsTokenIds) {
   }
   EXPECT_EQ(id, 120u);
   EXPECT_EQ(read_lines(path("data/docs-00000.jsonl"))[1], R"({"id": 1, "tokens": []})");
+}
+
+TEST_F(Gen, TextWritesEnglishLikeDocumentsAsJsonLinesAndAsPlainLines) {
+  CliResult r =
+      run({"gen", "text", "--out", "t", "--docs", "60", "--words", "40", "--shards", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("wrote 60 documents ("), std::string::npos) << r.err;
+  ASSERT_EQ(run({"gen", "text", "--out", "t", "--docs", "60", "--words", "40", "--txt"}).status, 0);
+  EXPECT_EQ(files("t"),
+            (std::vector<std::string>{"text-00000.jsonl", "text-00000.txt", "text-00001.jsonl"}));
+  // JSON Lines {"text": ...} the lines source reads back as the documents' bytes; the same
+  // documents, their paragraph breaks as spaces, one per line with --txt.
+  LinesSource json(
+      "lines",
+      {.paths = {path("t/text-*.jsonl")}, .format = LinesFormat::kJsonl, .json_fields = {"text"}});
+  const auto lines = read_lines(path("t/text-00000.txt"));
+  ASSERT_EQ(json.size(0), 60u);
+  ASSERT_EQ(lines.size(), 60u);
+  std::vector<std::size_t> words;
+  bool paragraphs = false, accents = false;
+  for (std::uint64_t i = 0; i < 60; ++i) {
+    Sample s;
+    json.read(json.at(0, i), s);
+    const std::string doc = text_of(s.at("text"));
+    EXPECT_EQ(doc, synthetic_text(7, i, 40));
+    std::string flat = doc;
+    std::replace(flat.begin(), flat.end(), '\n', ' ');
+    EXPECT_EQ(lines[i], flat);
+    // Sentences: a capital first, a full stop, question or exclamation mark last.
+    ASSERT_FALSE(doc.empty());
+    EXPECT_TRUE(std::isupper(static_cast<unsigned char>(doc[0])) || doc[0] < 0) << doc;
+    EXPECT_NE(std::string(".?!").find(doc.back()), std::string::npos) << doc;
+    words.push_back(static_cast<std::size_t>(std::count(flat.begin(), flat.end(), ' ') + 1));
+    paragraphs = paragraphs || doc.find("\n\n") != std::string::npos;
+    accents = accents || doc.find("\xc3") != std::string::npos;
+  }
+  std::sort(words.begin(), words.end());
+  EXPECT_GT(words[30], 25u);  // the median near --words 40
+  EXPECT_LT(words[30], 65u);
+  EXPECT_LT(words.front(), words.back() / 2);  // varied lengths
+  EXPECT_TRUE(paragraphs);
+  EXPECT_TRUE(accents);  // "café", "Zürich": not all ASCII
+  EXPECT_NE(synthetic_text(8, 0, 40), synthetic_text(7, 0, 40));  // the seed matters
 }
 
 TEST_F(Gen, TheLinesSourceReadsBothForms) {
@@ -365,11 +409,13 @@ TEST_F(Gen, UsageErrorsNameTheOption) {
       {{"gen", "tar", "--out", "d", "--samples", "5", "--jsonl"}, "unknown option '--jsonl'"},
       {{"gen", "records", "--out", "d", "--docs", "5"}, "unknown option '--docs'"},
       {{"gen", "--out", "d"},
-       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar or indexed"},
+       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar, indexed or "
+       "text"},
       {{"gen", "lines", "tar", "--out", "d"},
-       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar or indexed"},
+       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar, indexed or "
+       "text"},
       {{"gen", "parquet", "--out", "d"},
-       "unknown data set kind 'parquet' (records, lines, tar or indexed)"},
+       "unknown data set kind 'parquet' (records, lines, tar, indexed or text)"},
   };
   for (const auto& c : cases) {
     CliResult r = run(c.args);

@@ -395,7 +395,7 @@ TEST(YamlPipeline, AProgramRegistersItsOwnNodesAndTransforms) {
   // The built-in registry does not know them.
   EXPECT_EQ(std::string(error_of(text).what()),
             "p.yaml:2:10: nodes[0]: unknown node type 'tag' (known: shard, shuffle, map, "
-            "filter, pack, batch, prefetch, device_copy)");
+            "filter, tokenize, pack, batch, prefetch, device_copy)");
 }
 
 TEST(Registry, RejectsDuplicateAndNamelessTypes) {
@@ -493,7 +493,7 @@ TEST(YamlErrors, UnknownParameterSuggestsTheClosestOne) {
 TEST(YamlErrors, UnknownNodeTypeListsTheKnownOnes) {
   expect_error(replace(kBase, "- shuffle:", "- shufle:"), "nodes[1]",
                "p.yaml:5:5: nodes[1]: unknown node type 'shufle' (known: shard, shuffle, map, "
-               "filter, pack, batch, prefetch, device_copy); did you mean 'shuffle'?");
+               "filter, tokenize, pack, batch, prefetch, device_copy); did you mean 'shuffle'?");
 }
 
 TEST(YamlErrors, UnknownTopLevelKey) {
