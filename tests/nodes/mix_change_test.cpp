@@ -18,6 +18,8 @@
 #include "flowstate/core/rng.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/tools/testing.h"
+#include "flowstate/tools/verify.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -354,6 +356,26 @@ TEST_F(MixChangeTest, TheHistoryTravelsWithTheStateAndAChangedResumeAddsToIt) {
   EXPECT_EQ(s.data_changes, b.data_changes());
   Loader plain(mixed({0, 1}, {1, 1}));
   EXPECT_EQ(PipelineState::decode(plain.state()).format_version, 1u);
+}
+
+TEST_F(MixChangeTest, TheOracleAndVerifyCoverWeightsSetWhileRunning) {
+  auto make = [&] { return mixed({0, 1, 2}, {1, 1, 1}, MixStop::kCycle, 4); };
+  const std::vector<MixWeightsAt> weights{{.step = 7, .node = "mix", .weights = {5, 1, 1}},
+                                          {.step = 40, .node = "mix", .weights = {1, 1, 6}}};
+  const auto check = [&](const testing::OracleReport& r) {
+    EXPECT_TRUE(r.ok()) << r.summary();
+    EXPECT_GT(r.batches, 40u);
+  };
+  check(testing::check_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2},
+                                    weights));
+  const VerifyReport v =
+      verify(make(), {.steps = 80, .trials = 6, .epochs = 2, .mix_weights = weights});
+  EXPECT_TRUE(v.ok()) << v.summary();
+  // The weights changed the batches: without them the reference differs from step 7 on.
+  const VerifyReport plain = verify(make(), {.steps = 80, .trials = 1, .epochs = 2});
+  EXPECT_EQ(std::vector<VerifyBatch>(plain.reference.begin(), plain.reference.begin() + 7),
+            std::vector<VerifyBatch>(v.reference.begin(), v.reference.begin() + 7));
+  EXPECT_NE(plain.reference, v.reference);
 }
 
 }  // namespace
