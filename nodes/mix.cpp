@@ -361,8 +361,9 @@ void MixNode::restore_changed(InArchive& ar, const DataChange& change) {
       }
   const std::string prefix = name() + ": ";
   if (change.downstream == UpstreamHold::kRefs)
-    for (std::size_t j = 0; j < now.size(); ++j) {
-      const bool moved = from[j] ? *from[j] != j : j < was.size();
+    for (std::size_t j = 0; j < std::max(now.size(), was.size()); ++j) {
+      // Input j is not the checkpoint's input j: another, a new one where one was, or gone.
+      const bool moved = j < now.size() ? (from[j] ? *from[j] != j : j < was.size()) : true;
       if (moved)
         throw CheckpointError(
             "state", "mix '" + name() + "': '" + change.downstream_node +

@@ -270,8 +270,15 @@ TEST_F(MixChangeTest, WhatCannotContinueExactlyIsStillRefusedByName) {
               removed.load_state(p.state());
             }).find("'pack' after it holds Refs of its inputs by number"),
             std::string::npos);
+  Loader last_removed(packed({0, 1}, {1, 1}), opt_in);
+  EXPECT_NE(checkpoint_error([&] {
+              last_removed.load_state(p.state());
+            }).find("input 2 is not the checkpoint's"),
+            std::string::npos);
   Loader reweighted(packed({0, 1, 2}, {1, 2, 3}), opt_in);
   EXPECT_NO_THROW(reweighted.load_state(p.state()));
+  Loader appended(packed({0, 1, 2, 0}, {1, 2, 3, 1}), opt_in);
+  EXPECT_NO_THROW(appended.load_state(p.state()));
 }
 
 TEST_F(MixChangeTest, WeightsSetWhileRunningArePartOfTheStateAndResumeExactly) {
