@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -54,6 +56,14 @@ constexpr const char* kUsage =
     "                          checkpoints is refused\n"
     "  --skip A:B              drop the batches of steps A..B (inclusive; repeatable)\n"
     "  --set KEY=VALUE         override a pipeline value (nodes[1].shuffle.size=1024; repeatable)\n"
+    "  --data-changed continue with --resume: continue over a checkpoint whose pipeline differs\n"
+    "                          only in data parameters (a mix's weights or inputs), by each\n"
+    "                          node's rule, recorded in the state's history of data changes;\n"
+    "                          without it (or with 'refuse') such a checkpoint is refused\n"
+    "  --mix-weights S:NODE=W,W  from step S on, mix NODE draws with weights W,W (repeatable;\n"
+    "                          the weights in force are part of the state, so a resume with\n"
+    "                          the same schedule continues exactly)\n"
+    "  --weights-schedule FILE lines 'S:NODE=W,W' (as --mix-weights; '#' starts a comment)\n"
     "  --digests FILE|-        append '<step> <epoch> <index_in_epoch> <digest>' per batch\n"
     "  --provenance FILE|-     append '<step> <epoch> <index_in_epoch> <source>:<index>...'\n"
     "                          (a padding sample: <source>:<index>:pad). In the paths of\n"
@@ -151,6 +161,7 @@ struct RunArgs {
   std::optional<std::uint64_t> workers;  ///< --workers (kAuto: auto)
   double progress_interval = 10;         ///< --progress-interval
   Skips skips;                           ///< --skip, as given
+  MixWeightsSchedule weights;            ///< --mix-weights, --weights-schedule
 };
 
 /// Reads and checks the pipeline file's name and the flags that need no pipeline.
@@ -167,6 +178,7 @@ RunArgs parse_run_args(const Args& args) {
   if (auto p = args.value("--progress-interval"))
     run.progress_interval = parse_seconds(*p, "--progress-interval", /*allow_zero=*/true);
   for (const auto& s : args.values("--skip")) run.skips.push_back(parse_skip(s));
+  run.weights = MixWeightsSchedule(mix_weights_flags(args));
   return run;
 }
 
@@ -256,6 +268,12 @@ LoaderOptions run_loader_options(const Args& args, const PipelineConfig& config,
   if (!plan.per_rank_dir) options.coordinator = coordinator;
   options.trace = args.value("--trace").value_or("");
   options.metrics = args.value("--metrics").value_or("");
+  if (auto d = args.value("--data-changed")) {
+    if (*d != "continue" && *d != "refuse")
+      throw UsageError("--data-changed expects 'continue' or 'refuse', got '" + *d + "'");
+    if (!args.has("--resume")) throw UsageError("--data-changed needs --resume");
+    options.on_data_change = *d == "continue" ? OnDataChange::kContinue : OnDataChange::kRefuse;
+  }
   if (auto m = args.value("--metrics-interval")) {
     options.metrics_interval_s = parse_seconds(*m, "--metrics-interval");
     if (options.metrics.empty()) throw UsageError("--metrics-interval needs --metrics FILE");
@@ -309,7 +327,16 @@ class RunLoop {
         digests_(digests),
         provenance_(provenance),
         progress_(progress),
-        last_(loader.last_step()) {}
+        last_(loader.last_step()),
+        weights_(run.weights) {
+    // The data changes of this run so far (its resume's): the earlier ones are in the
+    // provenance of the runs that made them.
+    const std::uint64_t from = last_ ? *last_ + 1 : 0;
+    const auto& changes = loader_.data_changes();
+    changes_written_ = changes.size();
+    while (changes_written_ > 0 && changes[changes_written_ - 1].step >= from) --changes_written_;
+    report_changes();
+  }
 
   /// Runs until the run stops; returns the signal that stopped it (0: none). With a
   /// coordinator every rank stops at the same step.
@@ -350,6 +377,7 @@ class RunLoop {
         break;
       }
       if (ended || at_steps) continue;  // waiting for the other ranks
+      apply_weights(next);
       std::optional<Batch> b = loader_.next();
       if (!b) {
         ended = true;
@@ -418,6 +446,25 @@ class RunLoop {
       checkpoint(info);
   }
 
+  /// The scheduled weights due by step `next` (MixWeightsSchedule::apply).
+  void apply_weights(std::uint64_t next) {
+    if (weights_.apply(loader_, next)) report_changes();
+  }
+
+  /// The data changes not reported yet: a note each, and '#' lines in the provenance.
+  void report_changes() {
+    const auto& changes = loader_.data_changes();
+    for (; changes_written_ < changes.size(); ++changes_written_) {
+      const DataChangeRecord& c = changes[changes_written_];
+      std::string what = c.what;
+      for (std::size_t at = what.find('\n'); at != std::string::npos; at = what.find('\n', at))
+        what.replace(at, 1, "; ");
+      note("data change at step " + std::to_string(c.step) + ": " + what);
+      if (provenance_)
+        provenance_.write("# data change at step " + std::to_string(c.step) + ": " + what);
+    }
+  }
+
   /// The periodic checkpoint after `info`'s batch: asynchronous, or collective on this thread.
   void checkpoint(const BatchInfo& info) {
     finish_pending();
@@ -455,14 +502,17 @@ class RunLoop {
   std::future<std::string> pending_;
   std::string last_checkpoint_;
   std::string reason_;  // why run() stopped
+  MixWeightsSchedule weights_;
+  std::size_t changes_written_ = 0;  // loader_.data_changes() reported
 };
 
 int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> coordinator) {
-  Args args(argv,
-            {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
-             "--set", "--digests", "--provenance", "--workers", "--progress-interval", "--trace",
-             "--metrics", "--metrics-interval"},
-            {"--resume", "--overwrite"});
+  Args args(
+      argv,
+      {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip", "--set",
+       "--digests", "--provenance", "--workers", "--progress-interval", "--trace", "--metrics",
+       "--metrics-interval", "--data-changed", "--mix-weights", "--weights-schedule"},
+      {"--resume", "--overwrite"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return kExitOk;

@@ -20,12 +20,16 @@ constexpr const char* kUsage =
     "  --seed S           seed choosing the restore steps (default 1)\n"
     "  --epochs E         epochs (default: the pipeline's)\n"
     "  --workers W        workers of the reference run (default: the pipeline's)\n"
-    "  --set KEY=VALUE    override a pipeline value (repeatable)\n";
+    "  --set KEY=VALUE    override a pipeline value (repeatable)\n"
+    "  --mix-weights S:NODE=W,W  from step S on, mix NODE draws with weights W,W, in every\n"
+    "                     run compared (repeatable; as `flowstate run`'s)\n"
+    "  --weights-schedule FILE   lines 'S:NODE=W,W' ('#' starts a comment)\n";
 
 }  // namespace
 
 int cmd_verify(std::span<const std::string> argv) {
-  Args args(argv, {"--steps", "--trials", "--seed", "--epochs", "--workers", "--set"});
+  Args args(argv, {"--steps", "--trials", "--seed", "--epochs", "--workers", "--set",
+                   "--mix-weights", "--weights-schedule"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return kExitOk;
@@ -40,6 +44,7 @@ int cmd_verify(std::span<const std::string> argv) {
   const PipelineConfig config = load_pipeline_on_host(args.positional()[0], args.values("--set"));
   options.epochs = args.uint("--epochs").value_or(config.epochs);
   if (auto w = args.uint("--workers", 1, 1024)) options.workers = static_cast<int>(*w);
+  options.mix_weights = mix_weights_flags(args);
   // Each line as soon as it is known: a long verify shows its progress.
   options.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
 

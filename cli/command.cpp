@@ -75,6 +75,15 @@ std::vector<std::string> Args::values(std::string_view flag) const {
   return out;
 }
 
+std::vector<MixWeightsAt> mix_weights_flags(const Args& args) {
+  std::vector<MixWeightsAt> out;
+  for (const auto& s : args.values("--mix-weights"))
+    out.push_back(parse_mix_weights(s, "--mix-weights"));
+  if (auto file = args.value("--weights-schedule"))
+    for (auto& w : read_mix_weights_schedule(*file)) out.push_back(std::move(w));
+  return out;
+}
+
 std::uint64_t parse_uint(std::string_view text, std::string_view what) {
   std::uint64_t v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);

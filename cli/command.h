@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "flowstate/config/yaml.h"
+#include "flowstate/tools/mix_weights.h"
 
 namespace flowstate::cli {
 
@@ -68,6 +69,10 @@ class Args {
 
 /// Parses an unsigned integer; throws UsageError naming `what`.
 std::uint64_t parse_uint(std::string_view text, std::string_view what);
+
+/// The mix weights schedule of `run` and `verify`: every --mix-weights, then the lines of
+/// --weights-schedule FILE (tools/mix_weights.h).
+std::vector<MixWeightsAt> mix_weights_flags(const Args& args);
 
 /// Loads a YAML pipeline with `--set` overrides (ConfigError on any problem).
 PipelineConfig load_pipeline(const std::string& path, const std::vector<std::string>& sets);

@@ -187,6 +187,9 @@ std::string describe_state(std::string_view state, const StateSource& source,
   Json skips = Json::array();
   for (const auto& [a, b] : s.skips) skips.push_back({a, b});
   j["skipped_steps"] = skips;
+  Json changes = Json::array();
+  for (const auto& c : s.data_changes) changes.push_back({{"step", c.step}, {"what", c.what}});
+  j["data_changes"] = changes;
   j["nodes"] = nodes;
   if (!source.fields_json.empty()) j["state_dict"] = Json::parse(source.fields_json);
   // A path or value that is not UTF-8 (a file name in another encoding): each byte outside
@@ -226,6 +229,15 @@ std::string render_state_description(std::string_view description) {
   if (skips.empty()) out += " none";
   for (std::size_t i = 0; i < skips.size(); ++i)
     out += (i ? ", " : " ") + skips[i][0].dump() + ".." + skips[i][1].dump();
+  out += "\ndata changes:";
+  if (!j.contains("data_changes") || j["data_changes"].empty()) out += " none";
+  if (j.contains("data_changes"))
+    for (const auto& c : j["data_changes"]) {
+      std::string what = c["what"].get<std::string>();
+      for (std::size_t at = what.find('\n'); at != std::string::npos; at = what.find('\n', at + 1))
+        what.replace(at, 1, "\n      ");
+      out += "\n  step " + c["step"].dump() + ": " + what;
+    }
   out += "\nnode states:\n";
   for (const auto& n : j["nodes"]) {
     out += "  " + n["name"].get<std::string>() + " (" + n["type"].get<std::string>() + "): ";

@@ -1,5 +1,6 @@
 #include "flowstate/graph/loader.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "flowstate/graph/loader_runtime.h"
@@ -202,12 +203,13 @@ PipelineState Loader::state_struct_without_spine() const {
   s.last_step = last_step_;
   s.last_epoch = last_epoch_;
   s.skips = skips_.ranges;
+  s.data_changes = data_changes_;
   return s;
 }
 
 std::string Loader::state() const { return state_struct().encode(); }
 
-void Loader::rebuild(const PipelineState& state) {
+void Loader::rebuild(const PipelineState& state, const DataChange* change) {
   SkipRanges skips{state.skips};
   if (runtime_->pristine()) {
     // Nothing planned or restored yet: the spine is in its starting state, as a new one would
@@ -216,7 +218,7 @@ void Loader::rebuild(const PipelineState& state) {
     // runtime replaces it, and the loader is as it was.
     try {
       runtime_->note_restored();
-      runtime_->spine().restore(state.spine);
+      runtime_->spine().restore(state.spine, change);
     } catch (...) {
       runtime_ = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
       throw;
@@ -225,7 +227,7 @@ void Loader::rebuild(const PipelineState& state) {
   } else {
     // Open and restore a new spine first: if that fails, the loader keeps running as before.
     auto rt = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
-    rt->spine().restore(state.spine);
+    rt->spine().restore(state.spine, change);
     rt->spine().set_skips(skips);
     runtime_ = std::move(rt);
   }
@@ -233,16 +235,138 @@ void Loader::rebuild(const PipelineState& state) {
   last_stamp_ = runtime_->spine().snapshot();
   last_step_ = state.last_step;
   last_epoch_ = state.last_epoch;
+  data_changes_ = state.data_changes;
   error_ = nullptr;
   finished_ = false;
 }
 
-void Loader::load_state(std::string_view bytes) {
+namespace {
+
+/// The parameters of `params` whose key is (an element of) one of `data`'s, or the others.
+std::vector<CanonicalParam> select(const std::vector<CanonicalParam>& params,
+                                   const std::vector<std::string>& data, bool want_data) {
+  std::vector<CanonicalParam> out;
+  for (const auto& p : params) {
+    const std::string family = p.first.substr(0, p.first.find('['));
+    const bool is_data = std::find(data.begin(), data.end(), family) != data.end();
+    if (is_data == want_data) out.push_back(p);
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+/// Fills in what the nodes after the changed ones hold of their upstream (DataChange::
+/// downstream); throws CheckpointError when one replays it, which no change continues through.
+void add_downstream(const Pipeline& pipeline, DataChange& change) {
+  const auto& nodes = pipeline.nodes();
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    if (!change.touches(nodes[k].name)) continue;
+    for (std::size_t i = k + 1; i < nodes.size() && nodes[i].phase() < Phase::kBatch; ++i) {
+      const UpstreamHold hold = nodes[i].def->holds_upstream;
+      if (hold <= change.downstream) continue;
+      change.downstream = hold;
+      change.downstream_node = nodes[i].name;
+      if (hold == UpstreamHold::kReplay)
+        throw CheckpointError("state", "'" + nodes[i].name + "' after '" + nodes[k].name +
+                                           "' replays its upstream from its state: a change of "
+                                           "'" +
+                                           nodes[k].name +
+                                           "''s data cannot continue exactly through it");
+    }
+  }
+}
+
+}  // namespace
+
+DataChange Loader::data_change_from(const std::vector<CanonicalParam>& before,
+                                    OnDataChange on_change, std::string& record) const {
+  const std::vector<std::string> data = pipeline_.data_params();
+  const std::string structural =
+      describe_mismatch(select(before, data, false), select(canonical_, data, false));
+  record = describe_mismatch(select(before, data, true), select(canonical_, data, true));
+  if (!structural.empty() && on_change == OnDataChange::kContinue)
+    throw CheckpointError(
+        "state",
+        "the state was saved by a pipeline whose output differs in what a run "
+        "cannot continue over (only data parameters may change: " +
+            (data.empty() ? std::string("this pipeline has none") : joined(data)) + "):\n" +
+            structural);
+  if (on_change != OnDataChange::kContinue)
+    throw CheckpointError(
+        "state", "the state was saved by a pipeline whose output differs:\n" +
+                     describe_mismatch(before, canonical_) +
+                     (structural.empty() ? "\n(only data parameters differ: to continue over "
+                                           "them, opt in with `flowstate run --data-changed "
+                                           "continue`, LoaderOptions::on_data_change or "
+                                           "load_state_dict(state, data_changed=\"continue\"))"
+                                         : ""));
+  DataChange change;
+  change.before.insert(before.begin(), before.end());
+  // The nodes whose data parameters differ: each carries its state over (restore_changed).
+  const auto was = select(before, data, true), now = select(canonical_, data, true);
+  for (const NodeSpec& n : pipeline_.nodes()) {
+    const auto of_node = [&](const std::vector<CanonicalParam>& params) {
+      std::vector<CanonicalParam> out;
+      for (const auto& p : params)
+        if (p.first.starts_with(n.name + ".")) out.push_back(p);
+      return out;
+    };
+    if (of_node(was) != of_node(now)) change.nodes.push_back(n.name);
+  }
+  add_downstream(pipeline_, change);
+  return change;
+}
+
+void Loader::rebuild_changed(PipelineState state, const DataChange& change, std::string record) {
+  const std::uint64_t step = state.last_step ? *state.last_step + 1 : 0;
+  change.notes.clear();
+  state.data_changes.push_back({step, ""});
+  rebuild(state, &change);
+  for (const auto& note : change.notes) record += (record.empty() ? "" : "\n") + note;
+  if (record.empty())
+    data_changes_.pop_back();  // nothing changed after all (the same weights again)
+  else
+    data_changes_.back().what = std::move(record);
+}
+
+void Loader::load_state(std::string_view bytes) { load_state(bytes, options_.on_data_change); }
+
+void Loader::load_state(std::string_view bytes, OnDataChange on_change) {
   PipelineState s = PipelineState::decode(bytes);
-  if (s.fingerprint != fingerprint_)
-    throw CheckpointError("state", "the state was saved by a pipeline whose output differs:\n" +
-                                       describe_mismatch(s.canonical, canonical_));
-  rebuild(s);
+  if (s.fingerprint == fingerprint_) {
+    rebuild(s);
+    return;
+  }
+  std::string record;
+  DataChange change = data_change_from(s.canonical, on_change, record);
+  rebuild_changed(std::move(s), change, std::move(record));
+}
+
+void Loader::set_mix_weights(const std::string& node, const std::vector<double>& weights) {
+  const std::vector<std::string> data = pipeline_.data_params();
+  if (std::find(data.begin(), data.end(), node + ".weights") == data.end())
+    throw ConfigError("set_mix_weights", "set_mix_weights: '" + node +
+                                             "' is not a mix node of this pipeline (its data "
+                                             "parameters: " +
+                                             (data.empty() ? std::string("none") : joined(data)) +
+                                             ")");
+  std::string text;
+  for (double w : weights) text += (text.empty() ? "" : ", ") + format_double(w);
+  DataChange change;
+  change.before.insert(canonical_.begin(), canonical_.end());
+  change.set[node + ".weights"] = "[" + text + "]";
+  change.nodes.push_back(node);
+  try {
+    add_downstream(pipeline_, change);
+  } catch (const CheckpointError& e) {
+    throw ConfigError("set_mix_weights", std::string("set_mix_weights: ") + e.what());
+  }
+  rebuild_changed(state_struct(), change, "");
 }
 
 void Loader::skip(std::uint64_t first, std::uint64_t last) {

@@ -36,6 +36,14 @@ namespace detail {
 struct LoaderObserver;
 }
 
+/// What a restore does with a state whose pipeline differs from this one only in data
+/// parameters (a mix's weights or inputs; DescribedParam::data). Any other difference is
+/// refused either way.
+enum class OnDataChange : std::uint8_t {
+  kRefuse,    ///< refuse it, naming what differs (the default)
+  kContinue,  ///< continue by each changed node's rule (docs/DECISIONS.md), recorded in the state
+};
+
 /// Run parameters of a Loader. None of them changes the batches produced.
 struct LoaderOptions {
   std::uint64_t epochs = 1;  ///< epochs to run; 0 runs forever
@@ -70,6 +78,9 @@ struct LoaderOptions {
   /// Seconds between metrics samples. A sample is taken by next(), so a consumer that
   /// stops calling it gets none meanwhile.
   double metrics_interval_s = 1.0;
+  /// A restore (load_state, restore) of a state saved with other data parameters: refused,
+  /// or continued by the changed nodes' rules (OnDataChange).
+  OnDataChange on_data_change = OnDataChange::kRefuse;
 };
 
 /// Where time went in a running Loader, for finding the bottleneck. Counters accumulate over
@@ -170,10 +181,21 @@ class Loader {
   /// when the state is corrupt or was saved by a pipeline whose output differs (naming what
   /// differs).
   void load_state(std::string_view state);
+  /// The same, with `on_change` instead of LoaderOptions::on_data_change.
+  void load_state(std::string_view state, OnDataChange on_change);
   /// Drops the batches of steps [first, last] (inclusive) without reading their records;
   /// later batches keep their step numbers. Ranges merge with earlier ones and are part of
   /// the state. Throws ConfigError when first > last or when `first` was already delivered.
   void skip(std::uint64_t first, std::uint64_t last);
+  /// Draws of mix node `node` use `weights` (one positive number per input) from the next
+  /// step on; each input keeps its position. The weights in force are part of the state, and
+  /// the change (its step, old and new weights) is recorded in data_changes(). Batches
+  /// prepared ahead are discarded, as by skip(). Throws ConfigError when `node` is no mix of
+  /// this pipeline or the weights do not fit it.
+  void set_mix_weights(const std::string& node, const std::vector<double>& weights);
+  /// The run's data changes, oldest first (continued restores, set_mix_weights), as in the
+  /// state.
+  const std::vector<DataChangeRecord>& data_changes() const { return data_changes_; }
 
   /// Writes the current state() as a checkpoint under `dir` (see serialization/checkpoint.h)
   /// named by the number of steps consumed; returns the committed directory. Only file I/O
@@ -247,7 +269,14 @@ class Loader {
   void sample_metrics(std::int64_t now);
   /// Throws the error of a failed async save, once.
   void rethrow_failed_save();
-  void rebuild(const PipelineState& state);
+  void rebuild(const PipelineState& state, const DataChange* change = nullptr);
+  /// Rebuilds from `state` with `change` applied, recording it as `record` (plus what the
+  /// nodes noted) in the history; a change that the nodes found to be none is not recorded.
+  void rebuild_changed(PipelineState state, const DataChange& change, std::string record);
+  /// The DataChange from a state of `before` to this pipeline; throws CheckpointError when
+  /// anything but data parameters differs, or when they do and the options do not opt in.
+  DataChange data_change_from(const std::vector<CanonicalParam>& before, OnDataChange on_change,
+                              std::string& record) const;
   /// state_struct() without encoding the spine (the caller encodes the stamp later).
   PipelineState state_struct_without_spine() const;
 
@@ -263,6 +292,7 @@ class Loader {
   std::uint64_t consumer_busy_ns_ = 0;
   Stamp last_stamp_;
   std::optional<std::uint64_t> last_step_;
+  std::vector<DataChangeRecord> data_changes_;
   std::optional<std::uint64_t> last_epoch_;
   SkipRanges skips_;
   std::exception_ptr error_;

@@ -24,6 +24,17 @@ std::vector<CanonicalParam> Pipeline::canonical() const {
   return out;
 }
 
+std::vector<std::string> Pipeline::data_params() const {
+  std::vector<std::string> out;
+  for (const auto& n : nodes_)
+    for (const auto& p : n.description.params) {
+      if (!p.data) continue;
+      std::string key = n.name + "." + p.key.substr(0, p.key.find('['));
+      if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(std::move(key));
+    }
+  return out;
+}
+
 std::string Pipeline::describe() const {
   std::string s =
       "seed: " + std::to_string(seed_) + "\nworkers: " +

@@ -96,6 +96,9 @@ class Pipeline {
   /// True when a node divides the data between ranks (NodeDef::splits_ranks), here or in an
   /// input.
   bool splits_ranks() const;
+  /// The data parameters (DescribedParam::data) as "node.key", a list's elements ("inputs[0]")
+  /// under the list's key ("inputs").
+  std::vector<std::string> data_params() const;
   /// Hash of canonical(): what must match between a checkpoint and the pipeline restoring it.
   std::uint64_t fingerprint() const { return fingerprint_of(canonical()); }
   /// One line per node with every parameter (free ones marked), for `flowstate validate`.

@@ -222,6 +222,8 @@ std::optional<BatchPlan> Spine::next() {
 
 Stamp Spine::snapshot() const { return snapshot_nodes(chain_.nodes); }
 
-void Spine::restore(std::string_view bytes) { restore_nodes(chain_.nodes, bytes, "state"); }
+void Spine::restore(std::string_view bytes, const DataChange* change) {
+  restore_nodes(chain_.nodes, bytes, "state", change);
+}
 
 }  // namespace flowstate

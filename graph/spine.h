@@ -46,7 +46,8 @@ class Spine {
   /// The current state of every node.
   Stamp snapshot() const;
   /// Loads every node from a serialized stamp; throws CheckpointError when it does not fit.
-  void restore(std::string_view bytes);
+  /// With `change`, the nodes whose data parameters changed carry their state over (DataChange).
+  void restore(std::string_view bytes, const DataChange* change = nullptr);
   void set_skips(SkipRanges skips) { planner_->set_skips(std::move(skips)); }
 
   /// The store the assembler reads planned Refs from.

@@ -282,6 +282,9 @@ struct NodeDef {
   /// A check against the whole pipeline, once the order is right (shard after batch: its world
   /// divides the batch size). `nodes[index]` is this node. Throws ConfigError.
   std::function<void(std::span<const NodeSpec> nodes, std::size_t index)> check;
+  /// What the node's state keeps of its upstream's output (UpstreamHold): whether a data
+  /// change upstream can continue through it.
+  UpstreamHold holds_upstream = UpstreamHold::kNothing;
   /// The node divides the data between ranks (shard). A pipeline without one — also in no
   /// input — under a launcher of many ranks gets a warning: every rank reads all the data.
   bool splits_ranks = false;
@@ -311,6 +314,7 @@ struct NodeInfo {
   bool splits_ranks = false;
   /// The node as YAML writes it, for messages about a missing one ("- batch: {size: 256}").
   std::string yaml_example = {};
+  UpstreamHold holds_upstream = UpstreamHold::kNothing;
 };
 
 /// A definition whose parameters, YAML reading, checks and description all come from the
@@ -356,6 +360,7 @@ NodeDef define_node(NodeInfo info, std::function<void(BuildContext&, const O&)> 
   d.placement = info.placement;
   d.yaml_example = std::move(info.yaml_example);
   d.splits_ranks = info.splits_ranks;
+  d.holds_upstream = info.holds_upstream;
   if constexpr (requires(const O& o, const Position& p) { O(o.resolved(p)); }) {
     d.resolve = [](const std::any& a, const Position& p) -> std::any {
       return std::any_cast<const O&>(a).resolved(p);

@@ -10,10 +10,14 @@ namespace flowstate {
 
 /// One parameter of a node's canonical description. `free` parameters (worker counts,
 /// prefetch depth, device) do not change the output and are left out of the fingerprint.
+/// `data` parameters (a mix's weights and inputs) are fingerprinted, but a resume that opts
+/// into data changes (LoaderOptions::on_data_change) may continue when only they differ: the
+/// node's SpineNode::restore_changed carries its state over to the new values.
 struct DescribedParam {
   std::string key;
   std::string value;  ///< canonical text form
   bool free = false;
+  bool data = false;
 };
 
 /// A node's type and parameters, in a canonical order.

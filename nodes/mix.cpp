@@ -14,14 +14,43 @@ namespace flowstate {
 
 std::string_view mix_stop_name(MixStop stop) { return enum_name(stop); }
 
-NodeDescription MixOptions::describe() const {
-  NodeDescription d{"mix", {}};
+namespace {
+
+std::string weights_text(const std::vector<double>& weights) {
   std::string w;
   for (double x : weights) w += (w.empty() ? "" : ", ") + format_double(x);
-  d.params.push_back({"weights", "[" + w + "]"});
+  return "[" + w + "]";
+}
+
+/// "[0.7, 0.3]" (weights_text) back to numbers; nullopt when it is not that form.
+std::optional<std::vector<double>> parse_weights(std::string_view text) {
+  if (text.size() < 2 || text.front() != '[' || text.back() != ']') return std::nullopt;
+  text = text.substr(1, text.size() - 2);
+  std::vector<double> out;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    std::string_view item = text.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    double w = 0;
+    auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), w);
+    if (ec != std::errc() || end != item.data() + item.size()) return std::nullopt;
+    out.push_back(w);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+NodeDescription MixOptions::describe() const {
+  // `weights` and `inputs` are data parameters: a resume that opts in continues over a change
+  // of them (MixNode::restore_changed); `stop` is not.
+  NodeDescription d{"mix", {}};
+  d.params.push_back({"weights", weights_text(weights), false, true});
   d.params.push_back({"stop", std::string(mix_stop_name(stop))});
   for (std::size_t i = 0; i < inputs.size(); ++i)
-    d.params.push_back({"inputs[" + std::to_string(i) + "]", inputs[i]});
+    d.params.push_back({"inputs[" + std::to_string(i) + "]", inputs[i], false, true});
   return d;
 }
 
@@ -51,6 +80,7 @@ std::string inspect_mix(InArchive& ar, const InspectContext& ctx) {
   ar(s);
   JsonObject j;
   j.add("epoch", s.epoch).add("draws", s.draws).add("ended", s.ended);
+  if (!s.weights.empty()) j.add("weights", weights_text(s.weights));  // set while running
   std::string list = "[";
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     JsonObject in;
@@ -214,10 +244,10 @@ std::optional<std::size_t> MixNode::draw() {
   // scales exactly, so ordinary weights draw exactly as unscaled ones would.
   double largest = 0;
   for (std::size_t i = 0; i < inputs_.size(); ++i)
-    if (in_draw(i)) largest = std::max(largest, options_.weights[i]);
+    if (in_draw(i)) largest = std::max(largest, weights()[i]);
   if (largest == 0) return std::nullopt;
   const int scale = -std::ilogb(largest);
-  auto weight = [&](std::size_t i) { return std::ldexp(options_.weights[i], scale); };
+  auto weight = [&](std::size_t i) { return std::ldexp(weights()[i], scale); };
   double total = 0;
   for (std::size_t i = 0; i < inputs_.size(); ++i)
     if (in_draw(i)) total += weight(i);
@@ -297,6 +327,123 @@ void MixNode::restore(InArchive& ar) {
     }
   }
   state_ = std::move(s);
+}
+
+void MixNode::restore_changed(InArchive& ar, const DataChange& change) {
+  // The inputs the state was saved with, as the checkpoint described them.
+  std::vector<std::string> was;
+  for (std::size_t k = 0;; ++k) {
+    auto d = change.before_param(name(), "inputs[" + std::to_string(k) + "]");
+    if (!d) break;
+    was.push_back(std::move(*d));
+  }
+  if (was.empty())
+    throw CheckpointError("state",
+                          "mix '" + name() + "': the state's pipeline describes no inputs");
+  MixState s;
+  s.expected_inputs = static_cast<std::uint32_t>(was.size());
+  ar(s);
+  std::vector<std::optional<std::vector<StampEntry>>> entries(was.size());
+  for (std::size_t i = 0; i < was.size(); ++i)
+    if (s.fresh[i] == 0) entries[i] = load_entries(ar);
+
+  // Inputs are matched by their whole description, in order: an input whose parameters
+  // changed is a removed input and an added one.
+  const std::vector<std::string>& now = options_.inputs;
+  std::vector<std::optional<std::size_t>> from(now.size());
+  std::vector<char> kept(was.size(), 0);
+  for (std::size_t j = 0; j < now.size(); ++j)
+    for (std::size_t i = 0; i < was.size(); ++i)
+      if (kept[i] == 0 && was[i] == now[j]) {
+        from[j] = i;
+        kept[i] = 1;
+        break;
+      }
+  const std::string prefix = name() + ": ";
+  if (change.downstream == UpstreamHold::kRefs)
+    for (std::size_t j = 0; j < std::max(now.size(), was.size()); ++j) {
+      // Input j is not the checkpoint's input j: another, a new one where one was, or gone.
+      const bool moved = j < now.size() ? (from[j] ? *from[j] != j : j < was.size()) : true;
+      if (moved)
+        throw CheckpointError(
+            "state", "mix '" + name() + "': '" + change.downstream_node +
+                         "' after it holds Refs of its inputs by number, so inputs may only be "
+                         "added after the last one (and none removed, reordered or changed); " +
+                         "input " + std::to_string(j) + " is not the checkpoint's");
+    }
+
+  MixState n;
+  n.expected_inputs = static_cast<std::uint32_t>(inputs_.size());
+  n.resize(inputs_.size());
+  n.epoch = s.epoch;
+  n.draws = s.draws;
+  n.ended = s.ended;
+  std::vector<std::string> notes;
+  for (std::size_t j = 0; j < inputs_.size(); ++j) {
+    if (!from[j]) {
+      // Added: at the start of the mix's epoch, from the next draw on.
+      tail(j).start_epoch(s.epoch);
+      n.input_epoch[j] = s.epoch;
+      n.started[j] = n.fresh[j] = 1;
+      notes.push_back(prefix + "input " + std::to_string(j) +
+                      " added, from its beginning: " + now[j]);
+      continue;
+    }
+    const std::size_t i = *from[j];
+    n.input_epoch[j] = s.input_epoch[i];
+    n.taken[j] = s.taken[i];
+    n.exhausted[j] = s.exhausted[i];
+    n.started[j] = s.started[i];
+    n.fresh[j] = s.fresh[i];
+    if (entries[i]) {
+      restore_nodes(inputs_[j].nodes, *entries[i], "state");
+    } else if (s.started[i] == 0) {
+      throw CheckpointError("state", "mix '" + name() + "' holds input " + std::to_string(i) +
+                                         " as fresh but never started");
+    } else {
+      tail(j).start_epoch(s.input_epoch[i]);
+    }
+    if (i != j)
+      notes.push_back(prefix + "input " + std::to_string(i) + " is now input " + std::to_string(j));
+  }
+  for (std::size_t i = 0; i < was.size(); ++i)
+    if (kept[i] == 0)
+      notes.push_back(prefix + "input " + std::to_string(i) + " removed after " +
+                      std::to_string(s.taken[i]) + " samples of its epoch " +
+                      std::to_string(s.input_epoch[i]) + ": " + was[i]);
+
+  // The weights in force: set now, or the state's (set while running) while the
+  // configuration's weights and inputs are the checkpoint's, else the configuration's.
+  const auto before_weights = change.before_param(name(), "weights");
+  std::vector<double> old_force = s.weights;
+  if (old_force.empty())
+    if (auto w = before_weights ? parse_weights(*before_weights) : std::nullopt) old_force = *w;
+  if (auto set = change.set_param(name(), "weights")) {
+    std::optional<std::vector<double>> w = parse_weights(*set);
+    if (!w || w->size() != inputs_.size())
+      throw ConfigError(
+          "weights", "mix '" + name() + "' has " + std::to_string(inputs_.size()) + " inputs but " +
+                         std::to_string(w ? w->size() : std::size_t{0}) + " weights were given");
+    for (std::size_t i = 0; i < w->size(); ++i)
+      if (!((*w)[i] > 0) || !std::isfinite((*w)[i]))
+        throw ConfigError("weights", "weights[" + std::to_string(i) + "] is " +
+                                         format_double((*w)[i]) +
+                                         ": every weight must be a positive number (finite, > 0)");
+    if (*w != old_force) {
+      notes.push_back(prefix + "weights " + weights_text(old_force) + " -> " + weights_text(*w) +
+                      " (set while running)");
+      n.weights = *w == options_.weights ? std::vector<double>{} : *w;
+    } else {
+      n.weights = s.weights;
+    }
+  } else if (before_weights == weights_text(options_.weights) && was == now) {
+    n.weights = s.weights;
+  } else if (!s.weights.empty()) {
+    notes.push_back(prefix + "the weights set while running, " + weights_text(s.weights) +
+                    ", give way to the configuration's " + weights_text(options_.weights));
+  }
+  state_ = std::move(n);
+  for (auto& note : notes) change.notes.push_back(std::move(note));
 }
 
 void MixNode::restore_legacy(InArchive& ar) {

@@ -90,6 +90,9 @@ struct MixState {
   /// Each input has not been pulled since it started input_epoch: its nodes' state is that
   /// of start_epoch(input_epoch), and is not saved (version 2; version 1 saved every input's).
   std::vector<std::uint8_t> fresh;
+  /// The weights in force when they are not the options' (set while running,
+  /// Loader::set_mix_weights); empty: the options' (version 3).
+  std::vector<double> weights;
 
   /// True when input `i` is as the mix's start_epoch(epoch) leaves it: saved as nothing.
   bool untouched(std::size_t i) const {
@@ -108,10 +111,15 @@ struct MixState {
       if (!untouched(i))
         ar(static_cast<std::uint32_t>(i), input_epoch[i], taken[i], exhausted[i], started[i],
            fresh[i]);
+    // Version 3: the weights in force, when set while running (else a 0 byte).
+    ar(static_cast<std::uint8_t>(weights.empty() ? 0 : 1));
+    if (weights.empty()) return;
+    ar(static_cast<std::uint32_t>(weights.size()));
+    for (double w : weights) ar(w);
   }
   template <class Archive>
   void load(Archive& ar, std::uint32_t version) {
-    require_state_version("MixState", version, 2);
+    require_state_version("MixState", version, 3);
     std::uint32_t n = 0;
     ar(epoch, draws, ended, n);
     // Checked against the pipeline's inputs before anything is allocated for them.
@@ -143,6 +151,17 @@ struct MixState {
       last = i;
       ar(input_epoch[i], taken[i], exhausted[i], started[i], fresh[i]);
     }
+    if (version < 3) return;
+    std::uint8_t set = 0;
+    ar(set);
+    if (set == 0) return;
+    std::uint32_t w = 0;
+    ar(w);
+    if (w != n)
+      throw CheckpointError("state", "the mix state holds " + std::to_string(w) +
+                                         " weights for its " + std::to_string(n) + " inputs");
+    weights.resize(w);
+    for (double& x : weights) ar(x);
   }
   void resize(std::size_t n) {
     input_epoch.assign(n, 0);
@@ -166,6 +185,10 @@ class MixNode final : public SpineNode, public RecordStore {
   std::shared_ptr<const NodeSnapshot> snapshot() const override;
   void restore(InArchive& ar) override;
   void restore_legacy(InArchive& ar) override;
+  /// The rules of a data change (docs/DECISIONS.md, "Changing the data mid-run"): new weights
+  /// apply from the next draw; inputs are matched by description — a kept input keeps its
+  /// position, an added one starts its epoch, a removed one's state is dropped.
+  void restore_changed(InArchive& ar, const DataChange& change) override;
 
   std::size_t record_bytes() const override { return 0; }
   std::span<const std::byte> record(const Ref& ref) const override;
@@ -177,6 +200,10 @@ class MixNode final : public SpineNode, public RecordStore {
   bool rereadable() const override;
 
   const MixState& state() const { return state_; }
+  /// The weights the draws use now.
+  const std::vector<double>& weights() const {
+    return state_.weights.empty() ? options_.weights : state_.weights;
+  }
 
  private:
   SpineNode& tail(std::size_t i) const {
@@ -196,4 +223,4 @@ class MixNode final : public SpineNode, public RecordStore {
 
 }  // namespace flowstate
 
-CEREAL_CLASS_VERSION(flowstate::MixState, 2);
+CEREAL_CLASS_VERSION(flowstate::MixState, 3);

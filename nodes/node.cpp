@@ -75,10 +75,13 @@ void check_name(const std::string& saved, const SpineNode& n, const std::string&
 /// Restores one node: bytes that end early or carry an impossible length (cereal::Exception,
 /// std::length_error) are a corrupt state of that node; anything else the node throws, of any
 /// type, is reported as its restore failing (rethrow_restore_with_node), never an abort.
-void restore_one(SpineNode& n, InArchive& ar, const std::string& where, bool legacy) {
+void restore_one(SpineNode& n, InArchive& ar, const std::string& where, bool legacy,
+                 const DataChange* change = nullptr) {
   try {
     if (legacy)
       n.restore_legacy(ar);
+    else if (change != nullptr && change->touches(n.name()))
+      n.restore_changed(ar, *change);
     else
       n.restore(ar);
   } catch (const cereal::Exception& e) {
@@ -87,6 +90,11 @@ void restore_one(SpineNode& n, InArchive& ar, const std::string& where, bool leg
   } catch (const std::length_error& e) {
     throw CheckpointError(
         where, "node '" + n.name() + "': its state is truncated or corrupt: " + e.what());
+  } catch (const ConfigError&) {
+    // A data parameter set while running (DataChange::set) that the node refuses: the
+    // caller's value, not the state, is wrong.
+    if (change == nullptr) rethrow_restore_with_node(std::current_exception(), n.name(), where);
+    throw;
   } catch (...) {
     rethrow_restore_with_node(std::current_exception(), n.name(), where);
   }
@@ -95,7 +103,8 @@ void restore_one(SpineNode& n, InArchive& ar, const std::string& where, bool leg
 }  // namespace
 
 void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
-                   const std::vector<StampEntry>& entries, const std::string& where) {
+                   const std::vector<StampEntry>& entries, const std::string& where,
+                   const DataChange* change) {
   check_count(entries.size(), nodes.size(), where);
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const StampEntry& e = entries[i];
@@ -103,18 +112,22 @@ void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
     std::istringstream is{e.bytes, std::ios::binary};
     InArchive ar(is);
     StateReadLimit node_limit(e.bytes.size());
-    restore_one(*nodes[i], ar, where, false);
+    restore_one(*nodes[i], ar, where, false, change);
   }
 }
 
 void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::string_view bytes,
-                   const std::string& where) {
+                   const std::string& where, const DataChange* change) {
   try {
     StateReadLimit limit(bytes.size());
     if (auto entries = parse_stamp(bytes)) {
-      restore_nodes(nodes, *entries, where);
+      restore_nodes(nodes, *entries, where, change);
       return;
     }
+    if (change != nullptr)
+      throw CheckpointError(where,
+                            "a state of the first stamp format cannot continue on changed "
+                            "data; resume it unchanged and save a checkpoint first");
     // The first format: one archive, each node reading its state in turn.
     std::istringstream is{std::string(bytes), std::ios::binary};
     InArchive ar(is);
@@ -129,6 +142,11 @@ void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::st
     }
   } catch (const CheckpointError&) {
     throw;
+  } catch (const ConfigError& e) {
+    if (change == nullptr)
+      throw CheckpointError(where,
+                            std::string("node states are truncated or corrupt: ") + e.what());
+    throw;  // a value set while running that a node refuses (restore_one)
   } catch (const std::exception& e) {
     throw CheckpointError(where, std::string("node states are truncated or corrupt: ") + e.what());
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -27,6 +28,51 @@ namespace flowstate {
 /// size() of a node whose epoch length is only known once the epoch ends (a generator, a
 /// filter, pack, mix). The batch planner then looks one batch ahead to set is_last_in_epoch.
 inline constexpr std::uint64_t kUnknownSize = ~std::uint64_t{0};
+
+/// What a node's state keeps of its upstream's output — what a data change upstream (a mix's
+/// weights or inputs, DataChange) must leave intact for the node to continue exactly.
+enum class UpstreamHold : std::uint8_t {
+  kNothing,  ///< counters only (filter, map, batch)
+  kRefs,     ///< Refs of upstream items (pack's carry-over): the items they name must keep
+             ///< their Refs (a mix keeps its inputs' numbers and removes none)
+  kReplay,   ///< replays its upstream from a saved position (a stream shuffle's key-frame):
+             ///< no change upstream continues exactly
+};
+
+/// What a restore that continues on changed data hands the nodes whose data parameters
+/// (DescribedParam::data) differ from the state's, or were set while running
+/// (Loader::set_mix_weights). The runtime has already refused every other difference.
+struct DataChange {
+  /// The checkpoint's canonical parameters ("node.key" -> text), as the state recorded them.
+  std::map<std::string, std::string> before;
+  /// Data parameters set while running ("node.key" -> canonical text), to take effect now.
+  std::map<std::string, std::string> set;
+  /// The nodes with something to change (their names).
+  std::vector<std::string> nodes;
+  /// The strongest hold of the nodes after them (before batch), and the first such node.
+  UpstreamHold downstream = UpstreamHold::kNothing;
+  std::string downstream_node;
+  /// What the nodes did, one line each, for the run's history of data changes.
+  mutable std::vector<std::string> notes;
+
+  bool touches(const std::string& node) const {
+    for (const auto& n : nodes)
+      if (n == node) return true;
+    return false;
+  }
+  /// The checkpoint's value of `node`.`key`; nullopt when it had none.
+  std::optional<std::string> before_param(const std::string& node, const std::string& key) const {
+    auto it = before.find(node + "." + key);
+    if (it == before.end()) return std::nullopt;
+    return it->second;
+  }
+  /// The value of `node`.`key` set while running; nullopt when none was.
+  std::optional<std::string> set_param(const std::string& node, const std::string& key) const {
+    auto it = set.find(node + "." + key);
+    if (it == set.end()) return std::nullopt;
+    return it->second;
+  }
+};
 
 /// A serial, stateful stage of the spine. Pulls Refs from its upstream (null for a source).
 /// Not thread-safe: the spine runs on one thread at a time.
@@ -71,6 +117,11 @@ class SpineNode {
   /// Loads the state from a stamp of the first format, where every node read its state from
   /// one shared archive (see restore_nodes). Default: restore(ar).
   virtual void restore_legacy(InArchive& ar) { restore(ar); }
+  /// Loads a state saved by this node with other values of its data parameters (see
+  /// DataChange) and carries it over to the values it has now, by the node's documented rule;
+  /// notes what it did in `change.notes`. Only nodes that declare data parameters are asked.
+  /// Default: restore(ar).
+  virtual void restore_changed(InArchive& ar, const DataChange& /*change*/) { restore(ar); }
 
  protected:
   SpineNode* upstream_ = nullptr;
@@ -169,11 +220,13 @@ Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes);
 /// Loads every node of `nodes` from a serialized stamp (either format, see parse_stamp):
 /// the stamp must hold exactly these nodes, by name, in order. Throws CheckpointError
 /// (on `where`) naming what does not fit.
+/// With `change`, the nodes it touches are loaded by restore_changed.
 void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::string_view bytes,
-                   const std::string& where = "state");
+                   const std::string& where = "state", const DataChange* change = nullptr);
 /// Loads every node of `nodes` from its entry (see load_entries), by name and in order.
 void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
-                   const std::vector<StampEntry>& entries, const std::string& where);
+                   const std::vector<StampEntry>& entries, const std::string& where,
+                   const DataChange* change = nullptr);
 
 /// The spine state of a sequential node (a source, shard, a global shuffle): where its
 /// cursor is.

@@ -93,10 +93,13 @@ E parse_enum(std::string_view name, const std::string& key, const std::string& w
 /// How one option is declared: bounds, doc and flags. `O` is the options struct.
 template <class O>
 struct FieldSpec {
-  std::optional<double> min;     ///< inclusive lower bound of a number (of each list element)
-  std::optional<double> max;     ///< inclusive upper bound
-  bool required = false;         ///< YAML must give it; the struct's default is not valid
-  bool free = false;             ///< never changes the output: not in the fingerprint
+  std::optional<double> min;  ///< inclusive lower bound of a number (of each list element)
+  std::optional<double> max;  ///< inclusive upper bound
+  bool required = false;      ///< YAML must give it; the struct's default is not valid
+  bool free = false;          ///< never changes the output: not in the fingerprint
+  /// A data parameter (DescribedParam::data): may change on a resume that opts into data
+  /// changes; the node's restore_changed says how its state carries over.
+  bool data = false;
   bool auto_value = false;       ///< also accepts `auto` (kAuto; ParamSchema::auto_value)
   const char* doc = "";          ///< one line
   const char* default_doc = "";  ///< what an unset optional (or empty list) means
@@ -356,12 +359,14 @@ std::vector<DescribedParam> describe_fields(const O& o) {
               using T = std::remove_cvref_t<decltype(o.*(f.member))>;
               if (f.spec.describe_if != nullptr && !f.spec.describe_if(o)) return;
               if (f.spec.text != nullptr) {
-                out.push_back({f.key, f.spec.text(o), f.spec.free});
+                out.push_back({f.key, f.spec.text(o), f.spec.free, f.spec.data});
               } else if constexpr (detail::IsOptional<T>::value) {
                 if (o.*(f.member))
-                  out.push_back({f.key, detail::canonical_text(*(o.*(f.member))), f.spec.free});
+                  out.push_back(
+                      {f.key, detail::canonical_text(*(o.*(f.member))), f.spec.free, f.spec.data});
               } else {
-                out.push_back({f.key, detail::canonical_text(o.*(f.member)), f.spec.free});
+                out.push_back(
+                    {f.key, detail::canonical_text(o.*(f.member)), f.spec.free, f.spec.data});
               }
             }(),
             ...);

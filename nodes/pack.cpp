@@ -18,7 +18,9 @@ const NodeDef& pack_node() {
        .phase = Phase::kPerSample,
        .doc = "concatenates token sequences and cuts rows of exactly `length` tokens",
        // Its rows replace the input's Refs, which a mix addresses by Ref::source.
-       .placement = {.in_mix_input = false}},
+       .placement = {.in_mix_input = false},
+       // Its carry-over is the Ref of the document the next row starts in.
+       .holds_upstream = UpstreamHold::kRefs},
       [](BuildContext& ctx, const PackOptions& o) {
         const SampleReader* reader = ctx.reader();
         // No map between the store and pack: documents can be planned from store views.

@@ -74,7 +74,10 @@ const NodeDef& shuffle_node() {
   static const NodeDef def = define_node<ShuffleOptions>(
       {.type = "shuffle",
        .phase = Phase::kSpine,
-       .doc = "reorders the records, differently every epoch"},
+       .doc = "reorders the records, differently every epoch",
+       // A buffer shuffle's key-frame holds upstream positions (a stream's: the upstream's
+       // saved state, replayed on restore).
+       .holds_upstream = UpstreamHold::kReplay},
       [](BuildContext& ctx, const ShuffleOptions& o) {
         std::uint64_t key = hash_combine(ctx.key(), o.seed);
         // After a per-rank shard every rank shuffles its own records with a key of its own:

@@ -1,5 +1,6 @@
 #include "flowstate/serialization/pipeline_state.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -23,7 +24,12 @@ std::string PipelineState::encode() const {
   os.write(kMagic.data(), static_cast<std::streamsize>(kMagic.size()));
   {
     cereal::PortableBinaryOutputArchive ar(os);
-    ar(format_version, fingerprint, canonical, last_step, last_epoch, skips, spine);
+    const std::uint32_t version = std::max(format_version, data_changes.empty() ? 1U : 2U);
+    ar(version, fingerprint, canonical, last_step, last_epoch, skips, spine);
+    if (version >= 2) {
+      ar(static_cast<std::uint64_t>(data_changes.size()));
+      for (const auto& c : data_changes) ar(c.step, c.what);
+    }
   }
   return std::move(os).str();
 }
@@ -52,6 +58,13 @@ PipelineState PipelineState::decode(std::string_view bytes, const std::string& o
     s.skips.resize(static_cast<std::size_t>(load_bounded_size(ar)));
     for (auto& r : s.skips) ar(r);
     load_bounded(ar, s.spine);
+    if (s.format_version >= 2) {
+      s.data_changes.resize(static_cast<std::size_t>(load_bounded_size(ar)));
+      for (auto& c : s.data_changes) {
+        ar(c.step);
+        load_bounded(ar, c.what);
+      }
+    }
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {

@@ -17,18 +17,29 @@ namespace flowstate {
 /// A canonical parameter of the pipeline: "batch.size" -> "256".
 using CanonicalParam = std::pair<std::string, std::string>;
 
+/// One change of a run's data (LoaderOptions::on_data_change, Loader::set_mix_weights): the
+/// first step that saw it and what changed, one line per parameter or note.
+struct DataChangeRecord {
+  std::uint64_t step = 0;
+  std::string what;
+  bool operator==(const DataChangeRecord&) const = default;
+};
+
 /// A pipeline's resumable state.
 struct PipelineState {
-  /// Format of the encoding; bumped on incompatible changes.
-  static constexpr std::uint32_t kFormatVersion = 1;
+  /// Format of the encoding; bumped on incompatible changes. Version 2 adds the history of data
+  /// changes; a state without any is written as version 1, byte for byte as before.
+  static constexpr std::uint32_t kFormatVersion = 2;
 
-  std::uint32_t format_version = kFormatVersion;
+  /// The version written: at least 2 when there are data changes (see kFormatVersion).
+  std::uint32_t format_version = 1;
   std::uint64_t fingerprint = 0;            ///< hash of `canonical`
   std::vector<CanonicalParam> canonical;    ///< the pipeline without its free parameters
   std::optional<std::uint64_t> last_step;   ///< last delivered step; none before the first
   std::optional<std::uint64_t> last_epoch;  ///< its epoch
   std::vector<std::pair<std::uint64_t, std::uint64_t>> skips;  ///< inclusive, sorted, disjoint
-  std::string spine;  ///< serialized stamp: the spine nodes' states
+  std::string spine;                           ///< serialized stamp: the spine nodes' states
+  std::vector<DataChangeRecord> data_changes;  ///< the run's data changes, oldest first
 
   /// The bytes of this state.
   std::string encode() const;

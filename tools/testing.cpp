@@ -65,15 +65,35 @@ std::string first_difference(const std::vector<BatchTrace>& got,
   return "";
 }
 
+/// drain() with `weights` applied before every batch.
+std::vector<BatchTrace> drain_with(Loader& loader, const std::vector<MixWeightsAt>& weights,
+                                   std::size_t limit = SIZE_MAX) {
+  if (weights.empty()) return drain(loader, limit);
+  MixWeightsSchedule schedule(weights);
+  std::vector<BatchTrace> out;
+  while (out.size() < limit) {
+    schedule.apply(loader);
+    auto b = loader.next();
+    if (!b) break;
+    out.push_back(trace(*b));
+  }
+  return out;
+}
+
 }  // namespace
 
 OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
                                 LoaderOptions restore_options) {
+  return check_save_restore(make, std::move(options), std::move(restore_options), {});
+}
+
+OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
+                                LoaderOptions restore_options, std::vector<MixWeightsAt> weights) {
   OracleReport report;
   std::vector<BatchTrace> full;
   {
     Loader l(make(), options);
-    full = drain(l);
+    full = drain_with(l, weights);
   }
   report.batches = full.size();
   if (full.empty()) {
@@ -98,7 +118,7 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
       std::vector<BatchTrace> got;
       {
         Loader l(make(), options);
-        got = drain(l, k);
+        got = drain_with(l, weights, k);
         if (got.size() != k) {
           report.failures.push_back(where + "the run ended after " + std::to_string(got.size()) +
                                     " batches");
@@ -111,7 +131,7 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
       Loader resumed(make(), restore_options);
       resumed.load_state(state);
       doing = "draining the restored run";
-      auto rest = drain(resumed);
+      auto rest = drain_with(resumed, weights);
       got.insert(got.end(), rest.begin(), rest.end());
       if (std::string d = first_difference(got, full); !d.empty())
         report.failures.push_back(where + d);

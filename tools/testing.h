@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "flowstate/graph/loader.h"
+#include "flowstate/tools/mix_weights.h"
 
 namespace flowstate::testing {
 
@@ -67,5 +68,11 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
                                 LoaderOptions restore_options);
 /// The same, restoring with `options`.
 OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options);
+/// The same for a run whose mix weights change while it runs: every run — the uninterrupted
+/// one, each run up to a breakpoint and each restored one — applies `weights`
+/// (MixWeightsSchedule::apply before every batch), so a restored run gets the weights in
+/// force from its state and the later ones as it reaches them.
+OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
+                                LoaderOptions restore_options, std::vector<MixWeightsAt> weights);
 
 }  // namespace flowstate::testing

@@ -108,7 +108,9 @@ VerifyReport verify(const Pipeline& pipeline, const VerifyOptions& options) {
   std::vector<VerifyBatch>& reference = report.reference;
   {
     Loader loader(pipeline, loader_options);
+    MixWeightsSchedule weights(options.mix_weights);
     while (reference.size() < options.steps) {
+      weights.apply(loader);
       std::optional<Batch> b = loader.next();
       if (!b) break;
       reference.push_back(trace(*b));
@@ -131,9 +133,11 @@ VerifyReport verify(const Pipeline& pipeline, const VerifyOptions& options) {
   std::vector<std::pair<std::size_t, std::string>> saved;
   {
     Loader saver(pipeline, loader_options);
+    MixWeightsSchedule weights(options.mix_weights);
     std::size_t consumed = 0;
     for (std::size_t k : points) {
       for (; consumed < k; ++consumed) {
+        weights.apply(saver);
         std::optional<Batch> b = saver.next();
         std::optional<VerifyBatch> got;
         if (b) got = trace(*b);
@@ -160,7 +164,9 @@ VerifyReport verify(const Pipeline& pipeline, const VerifyOptions& options) {
     if (!found)
       throw CheckpointError(dir, "the checkpoint just written to '" + dir + "' does not verify");
     VerifyTrial trial{.number = t, .restored_after = k, .workers = workers, .compared = n - k};
+    MixWeightsSchedule weights(options.mix_weights);
     for (std::size_t i = k; i < n; ++i) {
+      weights.apply(loader);
       std::optional<Batch> b = loader.next();
       if (!b) {
         report.mismatches.push_back({t, i, reference[i], std::nullopt});

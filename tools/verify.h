@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "flowstate/graph/pipeline.h"
+#include "flowstate/tools/mix_weights.h"
 
 namespace flowstate {
 
@@ -49,6 +50,9 @@ struct VerifyOptions {
   /// restore_workers[(t - 1) % size]. Worker counts are free, so any must give the same
   /// batches. Not empty; each >= 1.
   std::vector<int> restore_workers = {1, 3, 2};
+  /// Mix weights set while running (MixWeightsSchedule), the same in every run: the
+  /// reference, the run that writes the checkpoints and each restored run.
+  std::vector<MixWeightsAt> mix_weights;
   /// Called with each line of VerifyReport::summary() (without its newline) as soon as it is
   /// known, on the calling thread; unset: nothing is called.
   std::function<void(const std::string& line)> progress;

@@ -602,6 +602,13 @@ class _Pending:
         self.value, self.submitted = None, False
 
 
+def _data_changed(value):
+    """load_state_dict's `data_changed`: "refuse" (the default) or "continue"."""
+    if value not in ("refuse", "continue"):
+        raise ConfigError(f"data_changed={value!r}: 'refuse' (the default) or 'continue'")
+    return value == "continue"
+
+
 class Loader:
     """Runs a Pipeline, one epoch per iteration, as torch's DataLoader does: `for batch in
     loader` yields the batches of one epoch (each a Batch), and iterating again continues with
@@ -852,10 +859,11 @@ class Loader:
         self._check_open()
         return self._state if self._state is not None else self._native.state()
 
-    def load_state(self, state):
+    def load_state(self, state, data_changed="refuse"):
         self._check_open()
+        cont = _data_changed(data_changed)
         self._reset_pending()
-        self._native.load_state(bytes(state))
+        self._native.load_state(bytes(state), cont)
         self._after_load()
 
     def state_dict(self):
@@ -869,10 +877,14 @@ class Loader:
         d.update(_C.state_fields(state))
         return d
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict, data_changed="refuse"):
         """Continues from state_dict(). Raises CheckpointError naming what differs when it was
-        saved by a pipeline whose output differs, or what is missing when it is not one."""
+        saved by a pipeline whose output differs, or what is missing when it is not one.
+        data_changed="continue" continues over a pipeline that differs only in data
+        parameters (a mix's weights or inputs) by each node's rule (docs/DECISIONS.md); the
+        change is recorded in `data_changes`."""
         self._check_open()
+        _data_changed(data_changed)
         if not isinstance(state_dict, Mapping):
             raise CheckpointError(f"state_dict: expected a dict, got {type(state_dict).__name__}")
         for key in ("version", "state", "fingerprint"):
@@ -883,7 +895,29 @@ class Loader:
                                   f"{STATE_DICT_VERSION}; upgrade flowstate")
         # The encoded state carries the canonical description: a different pipeline is
         # refused there, with every differing field named.
-        self.load_state(state_dict["state"])
+        self.load_state(state_dict["state"], data_changed)
+
+    def set_mix_weights(self, node, weights):
+        """From the next batch on, mix `node` draws with `weights` (one positive number per
+        input); every input keeps its position. The weights in force are part of the state,
+        and the change is recorded in `data_changes`."""
+        self._check_open()
+        weights = [float(w) for w in weights]
+        if self._pending:
+            # Planned ahead: plan again from the last delivered batch, with the new weights.
+            state = self.state()
+            self._reset_pending()
+            self._native.load_state(state)
+            self._native.set_mix_weights(node, weights)
+            self._after_load()
+            return
+        self._native.set_mix_weights(node, weights)
+
+    @property
+    def data_changes(self):
+        """The run's data changes, oldest first: (step, what) tuples, as in the state."""
+        self._check_open()
+        return self._native.data_changes()
 
     def skip(self, first, last):
         """Drops steps [first, last] (inclusive) without reading them; part of the state."""

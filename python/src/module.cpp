@@ -219,9 +219,19 @@ class PyLoader {
   }
   py::bytes state() const { return py::bytes(loader().state()); }
   py::dict state_fields() const { return fields_of(loader().state_struct()); }
-  void load_state(const std::string& state) {
+  void load_state(const std::string& state, bool continue_on_data_change) {
     py::gil_scoped_release release;
-    loader().load_state(state);
+    loader().load_state(state,
+                        continue_on_data_change ? OnDataChange::kContinue : OnDataChange::kRefuse);
+  }
+  void set_mix_weights(const std::string& node, const std::vector<double>& weights) {
+    py::gil_scoped_release release;
+    loader().set_mix_weights(node, weights);
+  }
+  py::list data_changes() const {
+    py::list out;
+    for (const auto& c : loader().data_changes()) out.append(py::make_tuple(c.step, c.what));
+    return out;
   }
   void skip(std::uint64_t first, std::uint64_t last) {
     py::gil_scoped_release release;
@@ -421,7 +431,10 @@ PYBIND11_MODULE(_flowstate, m) {
       .def("next", &PyLoader::next)
       .def("state", &PyLoader::state)
       .def("state_fields", &PyLoader::state_fields)
-      .def("load_state", &PyLoader::load_state)
+      .def("load_state", &PyLoader::load_state, py::arg("state"),
+           py::arg("continue_on_data_change") = false)
+      .def("set_mix_weights", &PyLoader::set_mix_weights)
+      .def("data_changes", &PyLoader::data_changes)
       .def("skip", &PyLoader::skip)
       .def("save_checkpoint", &PyLoader::save_checkpoint)
       .def("save_state_checkpoint", &PyLoader::save_state_checkpoint)

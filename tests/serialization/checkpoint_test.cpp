@@ -507,14 +507,14 @@ TEST_F(CheckpointFiles, RefusesANewerManifestFormat) {
 TEST_F(CheckpointFiles, RefusesANewerStateFormat) {
   // Written whole by a newer build: the files verify, but this build cannot decode the state.
   write(1);
-  const std::string newer = make_state(1, /*format_version=*/2);
+  const std::string newer = make_state(1, /*format_version=*/3);
   write_file(state_bin(1), newer);
   edit_manifest(1, [&](auto& j) {
     j["files"][0]["size"] = newer.size();
     j["files"][0]["xxh3_64"] = hex64(hash64(newer));
   });
   EXPECT_EQ(read_error(1), "'" + state_bin(1) +
-                               "' has state format version 2, newer than this build's 1; "
+                               "' has state format version 3, newer than this build's 2; "
                                "upgrade flowstate");
 }
 

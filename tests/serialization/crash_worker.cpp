@@ -11,6 +11,10 @@
 // write_checkpoint at hook phase PHASE: it prints "paused" on stdout and waits to be killed.
 //
 //   crash_worker GLOB CKPT_DIR LOG EVERY KEEP [PHASE NTH]
+//
+// GLOB "mix:A,B" runs crash_mix_pipeline(A, B) instead, setting the weights of
+// crash_mix_weights() as it reaches their steps (a resumed life sets those due, which its state
+// already holds).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -56,7 +60,13 @@ int main(int argc, char** argv) {
   const std::string pause_phase = argc == 8 ? argv[6] : "";
   const int pause_nth = argc == 8 ? std::atoi(argv[7]) : 0;
   try {
-    Loader loader(testing::crash_pipeline(glob), {.epochs = testing::kCrashEpochs});
+    const bool mix = glob.starts_with("mix:");
+    const std::size_t comma = glob.find(',');
+    Loader loader(
+        mix ? testing::crash_mix_pipeline(glob.substr(4, comma - 4), glob.substr(comma + 1))
+            : testing::crash_pipeline(glob),
+        {.epochs = mix ? 1 : testing::kCrashEpochs});
+    MixWeightsSchedule weights(mix ? testing::crash_mix_weights() : std::vector<MixWeightsAt>{});
     auto found = loader.restore(dir);
     for (const auto& s : found ? found->skipped : std::vector<std::string>{})
       std::fprintf(stderr, "crash_worker: skipped %s\n", s.c_str());
@@ -77,7 +87,10 @@ int main(int argc, char** argv) {
       loader.save_checkpoint(dir, options);
     };
     if (found) checkpoint();
-    while (auto b = loader.next()) {
+    for (;;) {
+      weights.apply(loader);
+      auto b = loader.next();
+      if (!b) break;
       log_line(log, "B " + testing::crash_trace(*b));
       if ((b->info.step + 1) % every == 0) checkpoint();
     }

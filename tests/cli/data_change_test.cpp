@@ -1,0 +1,183 @@
+// `flowstate run` over changed data (issue 25): --data-changed continue on a resume, and mix
+// weights set while running from --mix-weights / --weights-schedule, through a real process
+// killed with SIGKILL and resumed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "flowstate/core/hash.h"
+#include "flowstate/graph/loader.h"
+#include "tests/cli/cli_support.h"
+
+namespace flowstate {
+namespace {
+
+using testing::CliProcess;
+using testing::CliResult;
+using testing::read_lines;
+using testing::run_cli;
+using testing::TempDir;
+using testing::write_file;
+
+namespace fs = std::filesystem;
+
+/// A mix of two inputs over 2000 records of 16 bytes in 4 shards; batches of 4.
+class CliDataChange : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CliResult r = run({"gen", "records", "--out", "data", "--records", "2000", "--record-bytes",
+                       "16", "--shards", "4"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    write_file(dir_ / "in_a.yaml",
+               "seed: 1\nsource: {type: records, paths: 'data/part-0000[01].bin', "
+               "record_bytes: 16}\nnodes:\n  - shuffle: {mode: global}\n");
+    write_file(dir_ / "in_b.yaml",
+               "seed: 2\nsource: {type: records, paths: 'data/part-0000[23].bin', "
+               "record_bytes: 16}\nnodes:\n  - shuffle: {mode: global}\n");
+    write_file(dir_ / "in_c.yaml",
+               "seed: 3\nsource: {type: records, paths: 'data/part-00000.bin', "
+               "record_bytes: 16}\n");
+    write_file(dir_ / "mix.yaml", pipeline("[in_a.yaml, in_b.yaml]", "[1, 1]"));
+  }
+  static std::string pipeline(const std::string& inputs, const std::string& weights) {
+    return "seed: 9\nsource: {type: mix, inputs: " + inputs + ", weights: " + weights +
+           ", stop: cycle}\nnodes:\n  - batch: {size: 4}\nepochs: 0\n";
+  }
+  CliResult run(const std::vector<std::string>& args) { return run_cli(args, dir_.str()); }
+  std::string path(const std::string& name) const { return dir_ / name; }
+
+  TempDir dir_;
+};
+
+TEST_F(CliDataChange, AResumeOverNewWeightsNeedsTheOptInAndIsRecorded) {
+  CliResult r = run({"run", "mix.yaml", "--steps", "30", "--checkpoint-dir", "ck",
+                     "--checkpoint-every", "10", "--provenance", "p.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  write_file(path("mix.yaml"), pipeline("[in_a.yaml, in_b.yaml, in_c.yaml]", "[1, 3, 1]"));
+  r = run({"run", "mix.yaml", "--steps", "60", "--checkpoint-dir", "ck", "--resume"});
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_NE(r.err.find("mix.weights: [1, 1] in checkpoint, [1, 3, 1] now"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--data-changed continue"), std::string::npos) << r.err;
+  r = run({"run", "mix.yaml", "--steps", "60", "--checkpoint-dir", "ck", "--resume",
+           "--data-changed", "continue", "--provenance", "p.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("data change at step 30: mix.weights: [1, 1] in checkpoint, [1, 3, 1] "
+                       "now; mix.inputs[2]: absent in checkpoint"),
+            std::string::npos)
+      << r.err;
+  // The provenance has it, between steps 29 and 30.
+  const auto lines = read_lines(path("p.txt"));
+  ASSERT_EQ(lines.size(), 61u);
+  EXPECT_TRUE(lines[30].starts_with("# data change at step 30: ")) << lines[30];
+  EXPECT_TRUE(lines[31].starts_with("30 ")) << lines[31];
+  // inspect shows the history.
+  r = run({"inspect", "ck"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("data changes:\n  step 30: mix.weights: [1, 1] in checkpoint, [1, 3, 1] "
+                       "now\n      mix.inputs[2]: absent in checkpoint"),
+            std::string::npos)
+      << r.out;
+  // A structural change is refused with the opt-in too, naming it.
+  std::string bigger = pipeline("[in_a.yaml, in_b.yaml, in_c.yaml]", "[1, 3, 1]");
+  bigger.replace(bigger.find("size: 4"), 7, "size: 8");
+  write_file(path("mix.yaml"), bigger);
+  r = run({"run", "mix.yaml", "--steps", "70", "--checkpoint-dir", "ck", "--resume",
+           "--data-changed", "continue"});
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_NE(r.err.find("batch.size: 4 in checkpoint, 8 now"), std::string::npos) << r.err;
+  r = run({"run", "mix.yaml", "--data-changed", "maybe", "--checkpoint-dir", "ck", "--resume"});
+  EXPECT_EQ(r.status, 2) << r.err;
+}
+
+TEST_F(CliDataChange, WeightsSetAt100And250KilledAfter300ResumeByteIdentically) {
+  write_file(path("weights.txt"), "# step:node=weights\n100:mix=1,5\n250:mix=4,1  # later\n");
+  CliResult r = run({"run", "mix.yaml", "--steps", "500", "--weights-schedule", "weights.txt",
+                     "--digests", "full.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto full = read_lines(path("full.txt"));
+  ASSERT_EQ(full.size(), 500u);
+  // The same with --mix-weights, and without weights: the weights changed the draws.
+  r = run({"run", "mix.yaml", "--steps", "500", "--mix-weights", "250:mix=4,1", "--mix-weights",
+           "100:mix=1,5", "--digests", "flags.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_lines(path("flags.txt")), full);
+  r = run({"run", "mix.yaml", "--steps", "500", "--digests", "plain.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto plain = read_lines(path("plain.txt"));
+  EXPECT_EQ(std::vector<std::string>(plain.begin(), plain.begin() + 100),
+            std::vector<std::string>(full.begin(), full.begin() + 100));
+  EXPECT_NE(plain, full);
+
+  // A run that never ends by itself, killed with SIGKILL right after its checkpoint of step
+  // 300, then resumed from it. Its digests go through a FIFO of one page that this test reads
+  // up to step 299: the run blocks on it some 150 steps later, before its next checkpoint.
+  const std::string fifo = path("part.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const int fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(fd, 0);
+  ASSERT_GE(::fcntl(fd, F_SETPIPE_SZ, 4096), 0);
+  std::vector<std::string> killed_lines;
+  {
+    CliProcess killed({"run", "mix.yaml", "--checkpoint-dir", "ck", "--checkpoint-every", "300",
+                       "--weights-schedule", "weights.txt", "--digests", "part.fifo"},
+                      dir_.str());
+    std::string pending;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (killed_lines.size() < 300 && std::chrono::steady_clock::now() < deadline) {
+      char buf[256];
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      pending.append(buf, static_cast<std::size_t>(n));
+      for (auto nl = pending.find('\n'); nl != std::string::npos && killed_lines.size() < 300;
+           nl = pending.find('\n')) {
+        killed_lines.push_back(pending.substr(0, nl));
+        pending.erase(0, nl + 1);
+      }
+    }
+    ASSERT_EQ(killed_lines.size(), 300u);
+    while (!fs::exists(path("ck/step-000000000300")) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_FALSE(killed.exited());
+    killed.signal(SIGKILL);
+    EXPECT_EQ(killed.wait().status, 128 + SIGKILL);
+  }
+  ::close(fd);
+  EXPECT_EQ(killed_lines, std::vector<std::string>(full.begin(), full.begin() + 300));
+  ASSERT_TRUE(fs::exists(path("ck/step-000000000300")));
+  ASSERT_FALSE(fs::exists(path("ck/step-000000000600")));
+  r = run({"run", "mix.yaml", "--steps", "500", "--checkpoint-dir", "ck", "--resume",
+           "--weights-schedule", "weights.txt", "--digests", "part.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("resumed from ck/step-000000000300"), std::string::npos) << r.err;
+  // The resume recorded nothing new: the weights in force came with the state.
+  EXPECT_EQ(r.err.find("data change at step"), std::string::npos) << r.err;
+  EXPECT_EQ(read_lines(path("part.txt")), std::vector<std::string>(full.begin() + 300, full.end()));
+  r = run({"inspect", "ck", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("weights [1, 1] -> [1, 5] (set while running)"), std::string::npos);
+  EXPECT_NE(r.out.find("weights [1, 5] -> [4, 1] (set while running)"), std::string::npos);
+}
+
+TEST_F(CliDataChange, ABadScheduleIsAUsageErrorNamingItsLine) {
+  write_file(path("w.txt"), "100:mix=1,5\n200:mix=1;5\n");
+  CliResult r = run({"run", "mix.yaml", "--steps", "5", "--weights-schedule", "w.txt"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("w.txt:2: '1;5' in '200:mix=1;5' is not a number"), std::string::npos)
+      << r.err;
+  r = run({"run", "mix.yaml", "--steps", "5", "--mix-weights", "1:nope=1,1"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("'nope' is not a mix node"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace flowstate
