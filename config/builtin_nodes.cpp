@@ -16,6 +16,7 @@ void register_builtin_nodes(Registry& registry) {
   registry.add(mix_node());
   registry.add(map_node());
   registry.add(filter_node());
+  registry.add(decode_image_node());
   registry.add(pack_node());
   registry.add(batch_node());
   registry.add(prefetch_node());
