@@ -405,7 +405,12 @@ Tensor resize_region(const Tensor& in, std::int64_t top, std::int64_t left, std:
   const Taps ty = make_taps(top, height, out_h);
   // Horizontal pass over the rows the vertical taps read: [height, out_w, c] floats.
   const auto row = static_cast<std::size_t>(out_w * c);
-  std::vector<float> mid(static_cast<std::size_t>(height) * row);
+  // The intermediate rows (about a megabyte for an ImageNet crop) are a per-thread scratch
+  // buffer: a fresh one per image would be fresh pages, faulted in by the kernel every time.
+  thread_local std::vector<float> mid;
+  thread_local std::vector<float> acc;
+  mid.resize(static_cast<std::size_t>(height) * row);
+  acc.resize(row);
   for (std::int64_t y = 0; y < height; ++y) {
     const std::uint8_t* in_row = src + (top + y) * w * c;
     float* m = mid.data() + static_cast<std::size_t>(y) * row;
@@ -421,7 +426,6 @@ Tensor resize_region(const Tensor& in, std::int64_t top, std::int64_t left, std:
     }
   }
   // Vertical pass, a row at a time.
-  std::vector<float> acc(row);
   for (std::int64_t y = 0; y < out_h; ++y) {
     const auto yi = static_cast<std::size_t>(y);
     const float* wt = &ty.weights[yi * ty.stride];
