@@ -17,6 +17,7 @@ void register_builtin_nodes(Registry& registry) {
   registry.add(map_node());
   registry.add(filter_node());
   registry.add(tokenize_node());
+  registry.add(decode_image_node());
   registry.add(pack_node());
   registry.add(batch_node());
   registry.add(prefetch_node());

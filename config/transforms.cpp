@@ -3,6 +3,8 @@
 #include <functional>
 
 #include <bit>
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +13,7 @@
 
 #include "flowstate/core/dtype.h"
 #include "flowstate/core/rng.h"
+#include "flowstate/nodes/image_transforms.h"
 
 namespace flowstate {
 
@@ -469,6 +472,43 @@ TransformSchema random_crop_transform() {
       });
 }
 
+// ---- parse_int ----
+
+struct ParseIntOptions {
+  std::string field = "cls";
+  static constexpr auto table() {
+    return std::tuple{param("field", &ParseIntOptions::field,
+                            {.doc = "the field holding the text, replaced by the number"})};
+  }
+};
+
+/// ASCII decimal text (a WebDataset `.cls` member: "417", surrounding whitespace allowed) -> an
+/// int64 scalar; anything else is a DataError naming the record.
+TransformSchema parse_int_transform() {
+  return define_transform<ParseIntOptions>(
+      "parse_int", "decimal text (a WebDataset .cls label) -> an int64 scalar",
+      [](const ParseIntOptions& o, const Params& p) -> SampleFn {
+        return [field = FieldRef(o.field), p](Sample& s, MapContext&) {
+          const Tensor& in = field.get(s, p);
+          std::string_view text(static_cast<const char*>(in.data()), in.nbytes());
+          while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())) != 0)
+            text.remove_prefix(1);
+          while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())) != 0)
+            text.remove_suffix(1);
+          std::int64_t v = 0;
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+            throw param_data_error(p, "field",
+                                   "field '" + field.name() + "' of record " + s.ref.to_string() +
+                                       " holds '" + std::string(text.substr(0, 40)) +
+                                       "', not a decimal integer");
+          Tensor out(DType::kInt64, Shape{});
+          std::memcpy(out.data(), &v, sizeof(v));
+          s.set(field.id(), std::move(out));
+        };
+      });
+}
+
 }  // namespace
 
 ParamSchema field_param() { return schema_of<CastOptions>().front(); }
@@ -479,6 +519,8 @@ void register_builtin_transforms(TransformRegistry& registry) {
   registry.add(normalize_transform());
   registry.add(slice_transform());
   registry.add(random_crop_transform());
+  registry.add(parse_int_transform());
+  for (auto& t : image_transforms()) registry.add(std::move(t));
 }
 
 }  // namespace flowstate

@@ -17,6 +17,9 @@
 //   slice        the rows [start, start + length) of the first dimension (a view)
 //   random_crop  `length` consecutive rows at a random start drawn from the element's own
 //                generator: the same for any number of workers, and after a resume
+//   parse_int    decimal text (a WebDataset `.cls` label) -> an int64 scalar
+// Image transforms (nodes/image_transforms.h): resize, center_crop, random_resized_crop, flip,
+// normalize_image.
 // Built-in predicates (nodes/filter.cpp): length, value, keep_fraction.
 #pragma once
 
@@ -70,7 +73,7 @@ class TransformRegistry {
 /// TransformSchema written by hand.
 ParamSchema field_param();
 
-/// Registers decode, cast, normalize, slice and random_crop.
+/// Registers decode, cast, normalize, slice, random_crop, parse_int and the image transforms.
 void register_builtin_transforms(TransformRegistry& registry);
 
 }  // namespace flowstate

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "flowstate/nodes/batch.h"
+#include "flowstate/nodes/decode_image.h"
 #include "flowstate/nodes/device_copy.h"
 #include "flowstate/nodes/filter.h"
 #include "flowstate/nodes/map.h"

@@ -3,18 +3,20 @@
 # Idempotent: packages already present are not touched. Runs apt-get directly as root,
 # through sudo otherwise. The Python package and its tests need pybind11, python3-dev,
 # pytest, numpy and python3-torch (and mypy, which checks that a type checker reads the
-# package's stubs); LibTorch tests the DLPack export. These are also the side-by-side
+# package's stubs); LibTorch tests the DLPack export; PIL and torchvision check and compare
+# the image decode (tests/python/test_images.py, bench/). These are also the side-by-side
 # comparison tools, so FLOWSTATE_DEPS_BENCH=1 (still accepted) adds nothing.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
       libtbb-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev
-      libxxhash-dev libsimdjson-dev libdlpack-dev
-      libsentencepiece-dev sentencepiece python3-sentencepiece libgtest-dev libgmock-dev libbenchmark-dev
+      libxxhash-dev libsimdjson-dev libdlpack-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libsentencepiece-dev sentencepiece python3-sentencepiece libturbojpeg0-dev libpng-dev
       clang libclang-rt-14-dev libfuzzer-14-dev clang-format
       openmpi-bin libopenmpi-dev
       pybind11-dev python3-dev python3-pytest python3-numpy python3-torch python3-venv
-      python3-pip python3-setuptools python3-mypy libtorch-dev)
+      python3-pip python3-setuptools python3-mypy libtorch-dev
+      python3-pil python3-torchvision)
 
 missing=()
 for p in "${pkgs[@]}"; do

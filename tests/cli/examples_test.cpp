@@ -95,6 +95,35 @@ TEST(Examples, MegatronPretrainPacksUint16RowsAndResumesExactly) {
   EXPECT_NE(r.out.find("\"name\": \"data/corpus.bin\""), std::string::npos) << r.out;
 }
 
+TEST(Examples, ImageClassificationResumesExactlyWithAnotherWorkerCount) {
+  // As its comment says, on a smaller data set (96 images, batches of 64: a short last one).
+  TempDir dir;
+  fs::copy_file(fs::path(testing::source_dir()) / "examples/pipelines/image_classification.yaml",
+                dir / "image_classification.yaml");
+  CliResult r = run_cli({"gen", "images", "--out", "data", "--samples", "96", "--shards", "2",
+                         "--min-side", "200", "--max-side", "400"},
+                        dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_cli({"run", "image_classification.yaml", "--epochs", "2", "--checkpoint-dir", "full",
+               "--digests", "all.txt"},
+              dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto all = testing::read_lines(dir / "all.txt");
+  ASSERT_EQ(all.size(), 4u);
+  r = run_cli({"run", "image_classification.yaml", "--epochs", "2", "--steps", "1",
+               "--checkpoint-every", "1", "--checkpoint-dir", "part", "--digests", "a.txt"},
+              dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_cli({"run", "image_classification.yaml", "--epochs", "2", "--resume", "--checkpoint-dir",
+               "part", "--workers", "1", "--digests", "b.txt"},
+              dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto resumed = testing::read_lines(dir / "a.txt");
+  const auto rest = testing::read_lines(dir / "b.txt");
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  EXPECT_EQ(resumed, all);
+}
+
 TEST(Examples, LlmTokensDeliversUint16Tokens) {
   TempDir dir;
   fs::copy_file(fs::path(testing::source_dir()) / "examples/pipelines/llm_tokens.yaml",

@@ -409,13 +409,13 @@ TEST_F(Gen, UsageErrorsNameTheOption) {
       {{"gen", "tar", "--out", "d", "--samples", "5", "--jsonl"}, "unknown option '--jsonl'"},
       {{"gen", "records", "--out", "d", "--docs", "5"}, "unknown option '--docs'"},
       {{"gen", "--out", "d"},
-       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar, indexed or "
-       "text"},
+       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar, indexed, "
+       "text or images"},
       {{"gen", "lines", "tar", "--out", "d"},
-       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar, indexed or "
-       "text"},
+       "expected 'flowstate gen KIND --out DIR ...' with KIND records, lines, tar, indexed, "
+       "text or images"},
       {{"gen", "parquet", "--out", "d"},
-       "unknown data set kind 'parquet' (records, lines, tar, indexed or text)"},
+       "unknown data set kind 'parquet' (records, lines, tar, indexed, text or images)"},
   };
   for (const auto& c : cases) {
     CliResult r = run(c.args);

@@ -395,7 +395,7 @@ TEST(YamlPipeline, AProgramRegistersItsOwnNodesAndTransforms) {
   // The built-in registry does not know them.
   EXPECT_EQ(std::string(error_of(text).what()),
             "p.yaml:2:10: nodes[0]: unknown node type 'tag' (known: shard, shuffle, map, "
-            "filter, tokenize, pack, batch, prefetch, device_copy)");
+            "filter, tokenize, decode_image, pack, batch, prefetch, device_copy)");
 }
 
 TEST(Registry, RejectsDuplicateAndNamelessTypes) {
@@ -493,7 +493,8 @@ TEST(YamlErrors, UnknownParameterSuggestsTheClosestOne) {
 TEST(YamlErrors, UnknownNodeTypeListsTheKnownOnes) {
   expect_error(replace(kBase, "- shuffle:", "- shufle:"), "nodes[1]",
                "p.yaml:5:5: nodes[1]: unknown node type 'shufle' (known: shard, shuffle, map, "
-               "filter, tokenize, pack, batch, prefetch, device_copy); did you mean 'shuffle'?");
+               "filter, tokenize, decode_image, pack, batch, prefetch, device_copy); did you mean "
+               "'shuffle'?");
 }
 
 TEST(YamlErrors, UnknownTopLevelKey) {
@@ -620,7 +621,8 @@ TEST(YamlErrors, MapTransforms) {
   expect_error(replace(kBase, "  - batch", "  - map: {fn: decod, dtype: uint16}\n  - batch"),
                "nodes[2].map.fn",
                "p.yaml:6:15: nodes[2].map.fn: unknown transform 'decod' (known: decode, cast, "
-               "normalize, slice, random_crop); did you mean 'decode'?");
+               "normalize, slice, random_crop, parse_int, resize, center_crop, "
+               "random_resized_crop, flip, normalize_image); did you mean 'decode'?");
   expect_error(
       replace(kBase, "  - batch", "  - map: {fn: decode, dtype: uint16, size: 2}\n  - batch"),
       "nodes[2].map.size",

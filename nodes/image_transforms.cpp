@@ -1,0 +1,455 @@
+#include "flowstate/nodes/image_transforms.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "flowstate/core/error.h"
+#include "flowstate/core/rng.h"
+
+namespace flowstate {
+
+namespace {
+
+// ---- helpers ----
+
+/// The image field of a sample: a uint8 [H, W, C] tensor with H, W, C > 0, else a DataError
+/// naming the record and field at parameter `field` of `p`.
+const Tensor& image_of(const Sample& s, FieldId field, const std::string& name, const Params& p) {
+  const Tensor* t = s.find(field);
+  if (t == nullptr)
+    throw param_data_error(p, "field",
+                           "record " + s.ref.to_string() + " has no field '" + name + "'");
+  const Shape& sh = t->shape();
+  if (t->dtype() != DType::kUInt8 || sh.rank() != 3 || sh[0] == 0 || sh[1] == 0 || sh[2] == 0)
+    throw param_data_error(p, "field",
+                           "field '" + name + "' of record " + s.ref.to_string() + " is " +
+                               std::string(dtype_name(t->dtype())) + " " + sh.to_string() +
+                               ", not a decoded image (uint8 [H, W, C]; see decode_image)");
+  return *t;
+}
+
+/// Python's round(): to nearest, ties to even (torchvision's crop arithmetic).
+std::int64_t round_even(double v) { return static_cast<std::int64_t>(std::nearbyint(v)); }
+
+/// A `size` row: one value (both sides, or the shorter side for resize) or [height, width].
+std::string check_size(const ParamValue& v) {
+  const auto& d = std::get<std::vector<std::int64_t>>(v);
+  if (d.empty() || d.size() > 2) return "must be one size or [height, width]";
+  for (auto x : d)
+    if (x < 1 || x > 65536) return "sides must be between 1 and 65536";
+  return "";
+}
+
+std::pair<std::int64_t, std::int64_t> size_hw(const std::vector<std::int64_t>& size) {
+  return {size[0], size.size() == 2 ? size[1] : size[0]};
+}
+
+/// The taps of a bilinear resampling of [begin, begin + length) to `out` values.
+struct Taps {
+  std::vector<std::int64_t> first;
+  std::vector<std::int32_t> count;
+  std::vector<float> weights;  ///< `stride` per output value
+  std::size_t stride = 0;
+};
+
+Taps make_taps(std::int64_t begin, std::int64_t length, std::int64_t out) {
+  const double scale = static_cast<double>(length) / static_cast<double>(out);
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = filter_scale;  // the triangle's support is 1, widened when shrinking
+  Taps t;
+  t.stride = static_cast<std::size_t>(std::ceil(support)) * 2 + 1;
+  t.first.resize(static_cast<std::size_t>(out));
+  t.count.resize(static_cast<std::size_t>(out));
+  t.weights.assign(static_cast<std::size_t>(out) * t.stride, 0.0f);
+  const std::int64_t end = begin + length;
+  for (std::int64_t i = 0; i < out; ++i) {
+    const double center = static_cast<double>(begin) + (static_cast<double>(i) + 0.5) * scale;
+    const std::int64_t lo =
+        std::max(begin, static_cast<std::int64_t>(std::floor(center - support + 0.5)));
+    const std::int64_t hi =
+        std::min(end, static_cast<std::int64_t>(std::floor(center + support + 0.5)));
+    const auto n = static_cast<std::size_t>(std::max<std::int64_t>(hi - lo, 1));
+    float* w = &t.weights[static_cast<std::size_t>(i) * t.stride];
+    double sum = 0;
+    for (std::size_t k = 0; k < n && k < t.stride; ++k) {
+      const double x =
+          (static_cast<double>(lo) + static_cast<double>(k) - center + 0.5) / filter_scale;
+      const double v = std::max(0.0, 1.0 - std::abs(x));
+      w[k] = static_cast<float>(v);
+      sum += v;
+    }
+    if (sum <= 0) {  // cannot happen for a centre inside the region; keep the nearest value
+      w[0] = 1.0f;
+      sum = 1.0;
+    }
+    for (std::size_t k = 0; k < n && k < t.stride; ++k) w[k] = static_cast<float>(w[k] / sum);
+    t.first[static_cast<std::size_t>(i)] = std::min(lo, end - 1);
+    t.count[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(std::min(n, t.stride));
+  }
+  return t;
+}
+
+// ---- resize ----
+
+struct ResizeOptions {
+  std::string field = "jpg";
+  std::vector<std::int64_t> size;
+  static constexpr auto table() {
+    return std::tuple{
+        param("field", &ResizeOptions::field, {.doc = "the image field, read and replaced"}),
+        param("size", &ResizeOptions::size,
+              {.required = true,
+               .doc = "[height, width]; one value: the shorter side (aspect ratio kept)",
+               .check = check_size})};
+  }
+};
+
+TransformSchema resize_transform() {
+  return define_transform<ResizeOptions>(
+      "resize", "bilinear resize of a uint8 [H, W, C] image (antialiased when shrinking)",
+      [](const ResizeOptions& o, const Params& p) -> SampleFn {
+        return [o, id = field_id(o.field), p](Sample& s, MapContext&) {
+          const Tensor& in = image_of(s, id, o.field, p);
+          const std::int64_t h = in.shape()[0], w = in.shape()[1];
+          std::int64_t oh = 0, ow = 0;
+          if (o.size.size() == 2) {
+            oh = o.size[0];
+            ow = o.size[1];
+          } else if (h <= w) {  // torchvision's Resize(int): the long side truncated
+            oh = o.size[0];
+            ow = std::max<std::int64_t>(1, o.size[0] * w / h);
+          } else {
+            ow = o.size[0];
+            oh = std::max<std::int64_t>(1, o.size[0] * h / w);
+          }
+          s.set(id, resize_region(in, 0, 0, h, w, oh, ow));
+        };
+      });
+}
+
+// ---- center_crop ----
+
+struct CenterCropOptions {
+  std::string field = "jpg";
+  std::vector<std::int64_t> size;
+  static constexpr auto table() {
+    return std::tuple{
+        param("field", &CenterCropOptions::field, {.doc = "the image field, read and replaced"}),
+        param("size", &CenterCropOptions::size,
+              {.required = true,
+               .doc = "[height, width], or one value for both",
+               .check = check_size})};
+  }
+};
+
+/// The [oh, ow] window of `in` whose top-left corner is (top, left), possibly outside the
+/// image: what lies outside is zero.
+Tensor window(const Tensor& in, std::int64_t top, std::int64_t left, std::int64_t oh,
+              std::int64_t ow) {
+  const std::int64_t h = in.shape()[0], w = in.shape()[1], c = in.shape()[2];
+  Tensor out(DType::kUInt8, Shape{oh, ow, c});
+  auto* dst = static_cast<std::uint8_t*>(out.data());
+  const auto* src = static_cast<const std::uint8_t*>(in.data());
+  std::memset(dst, 0, out.nbytes());
+  const std::int64_t x0 = std::max<std::int64_t>(0, left), x1 = std::min(w, left + ow);
+  for (std::int64_t y = std::max<std::int64_t>(0, top); y < std::min(h, top + oh); ++y)
+    if (x1 > x0)
+      std::memcpy(dst + ((y - top) * ow + (x0 - left)) * c, src + (y * w + x0) * c,
+                  static_cast<std::size_t>((x1 - x0) * c));
+  return out;
+}
+
+TransformSchema center_crop_transform() {
+  return define_transform<CenterCropOptions>(
+      "center_crop", "the centre [h, w] of a uint8 [H, W, C] image (zero-padded if smaller)",
+      [](const CenterCropOptions& o, const Params& p) -> SampleFn {
+        const auto [oh, ow] = size_hw(o.size);
+        return [oh, ow, name = o.field, id = field_id(o.field), p](Sample& s, MapContext&) {
+          const Tensor& in = image_of(s, id, name, p);
+          const std::int64_t h = in.shape()[0], w = in.shape()[1];
+          // torchvision: int(round((H - h) / 2)), Python's rounding; negative when padding.
+          const std::int64_t top = round_even(static_cast<double>(h - oh) / 2.0);
+          const std::int64_t left = round_even(static_cast<double>(w - ow) / 2.0);
+          s.set(id, window(in, top, left, oh, ow));
+        };
+      });
+}
+
+// ---- random_resized_crop ----
+
+struct RandomResizedCropOptions {
+  std::string field = "jpg";
+  std::vector<std::int64_t> size;
+  double scale_min = 0.08;
+  double scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0;
+  double ratio_max = 4.0 / 3.0;
+  static constexpr auto table() {
+    using O = RandomResizedCropOptions;
+    return std::tuple{
+        param("field", &O::field, {.doc = "the image field, read and replaced"}),
+        param("size", &O::size,
+              {.required = true,
+               .doc = "output [height, width], or one value for both",
+               .check = check_size}),
+        param("scale_min", &O::scale_min,
+              {.min = 0, .max = 1, .doc = "smallest fraction of the area cropped"}),
+        param("scale_max", &O::scale_max,
+              {.min = 0, .max = 1, .doc = "largest fraction of the area cropped"}),
+        param("ratio_min", &O::ratio_min,
+              {.min = 1e-6, .max = 1e6, .doc = "smallest aspect ratio (width / height)"}),
+        param("ratio_max", &O::ratio_max,
+              {.min = 1e-6, .max = 1e6, .doc = "largest aspect ratio (width / height)"})};
+  }
+  void validate() const {
+    if (scale_min > scale_max)
+      throw ConfigError("scale_min", "scale_min (" + std::to_string(scale_min) +
+                                         ") is greater than scale_max (" +
+                                         std::to_string(scale_max) + ")");
+    if (ratio_min > ratio_max)
+      throw ConfigError("ratio_min", "ratio_min (" + std::to_string(ratio_min) +
+                                         ") is greater than ratio_max (" +
+                                         std::to_string(ratio_max) + ")");
+  }
+};
+
+/// A uniform double in [lo, hi) from the record's generator.
+double uniform(ElementRng& rng, double lo, double hi) {
+  return lo + (hi - lo) * (static_cast<double>(rng() >> 11) / 9007199254740992.0);
+}
+
+struct Crop {
+  std::int64_t top, left, height, width;
+};
+
+/// torchvision's RandomResizedCrop.get_params, drawing from `rng`.
+Crop random_resized_crop_box(std::int64_t h, std::int64_t w, const RandomResizedCropOptions& o,
+                             ElementRng& rng) {
+  const double area = static_cast<double>(h) * static_cast<double>(w);
+  const double log_lo = std::log(o.ratio_min), log_hi = std::log(o.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * uniform(rng, o.scale_min, o.scale_max);
+    const double aspect = std::exp(uniform(rng, log_lo, log_hi));
+    const std::int64_t cw = round_even(std::sqrt(target * aspect));
+    const std::int64_t ch = round_even(std::sqrt(target / aspect));
+    if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
+      const auto top = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(h - ch + 1)));
+      const auto left =
+          static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(w - cw + 1)));
+      return {top, left, ch, cw};
+    }
+  }
+  // The fallback: the centre crop of the whole image with its ratio clamped to the range.
+  const double in_ratio = static_cast<double>(w) / static_cast<double>(h);
+  std::int64_t cw = w, ch = h;
+  if (in_ratio < o.ratio_min) {
+    ch = std::max<std::int64_t>(1, round_even(static_cast<double>(w) / o.ratio_min));
+  } else if (in_ratio > o.ratio_max) {
+    cw = std::max<std::int64_t>(1, round_even(static_cast<double>(h) * o.ratio_max));
+  }
+  ch = std::min(ch, h);
+  cw = std::min(cw, w);
+  return {(h - ch) / 2, (w - cw) / 2, ch, cw};
+}
+
+TransformSchema random_resized_crop_transform() {
+  return define_transform<RandomResizedCropOptions>(
+      "random_resized_crop",
+      "torchvision's RandomResizedCrop: a random area and aspect ratio, resized bilinearly",
+      [](const RandomResizedCropOptions& o, const Params& p) -> SampleFn {
+        const auto [oh, ow] = size_hw(o.size);
+        return [o, oh, ow, id = field_id(o.field), p](Sample& s, MapContext& ctx) {
+          const Tensor& in = image_of(s, id, o.field, p);
+          const Crop c = random_resized_crop_box(in.shape()[0], in.shape()[1], o, ctx.rng);
+          s.set(id, resize_region(in, c.top, c.left, c.height, c.width, oh, ow));
+        };
+      });
+}
+
+// ---- flip ----
+
+struct FlipOptions {
+  std::string field = "jpg";
+  double p = 0.5;
+  static constexpr auto table() {
+    return std::tuple{
+        param("field", &FlipOptions::field, {.doc = "the image field, read and replaced"}),
+        param("p", &FlipOptions::p, {.min = 0, .max = 1, .doc = "probability of a flip"})};
+  }
+};
+
+TransformSchema flip_transform() {
+  return define_transform<FlipOptions>(
+      "flip", "mirrors a uint8 [H, W, C] image left-right with probability p",
+      [](const FlipOptions& o, const Params& p) -> SampleFn {
+        return [prob = o.p, name = o.field, id = field_id(o.field), p](Sample& s, MapContext& ctx) {
+          const Tensor& in = image_of(s, id, name, p);
+          if (!(uniform(ctx.rng, 0.0, 1.0) < prob)) return;
+          const std::int64_t h = in.shape()[0], w = in.shape()[1], c = in.shape()[2];
+          Tensor out(DType::kUInt8, in.shape());
+          const auto* src = static_cast<const std::uint8_t*>(in.data());
+          auto* dst = static_cast<std::uint8_t*>(out.data());
+          for (std::int64_t y = 0; y < h; ++y)
+            for (std::int64_t x = 0; x < w; ++x)
+              std::memcpy(dst + (y * w + x) * c, src + (y * w + (w - 1 - x)) * c,
+                          static_cast<std::size_t>(c));
+          s.set(id, std::move(out));
+        };
+      });
+}
+
+// ---- normalize_image ----
+
+/// Per-channel values are written as a list of numbers (one value: every channel).
+std::string check_channel_values(const ParamValue& v) {
+  const auto& list = std::get<std::vector<std::string>>(v);
+  if (list.empty()) return "must list one value, or one per channel";
+  for (const auto& s : list) {
+    double d = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+    if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(d))
+      return "'" + s + "' is not a number";
+  }
+  return "";
+}
+
+std::vector<double> channel_values(const std::vector<std::string>& list) {
+  std::vector<double> out;
+  for (const auto& s : list) {
+    double d = 0;
+    std::from_chars(s.data(), s.data() + s.size(), d);
+    out.push_back(d);
+  }
+  return out;
+}
+
+struct NormalizeImageOptions {
+  std::string field = "jpg";
+  std::vector<std::string> mean{"0.485", "0.456", "0.406"};
+  std::vector<std::string> std{"0.229", "0.224", "0.225"};
+  static constexpr auto table() {
+    using O = NormalizeImageOptions;
+    return std::tuple{
+        param("field", &O::field, {.doc = "the image field, read and replaced"}),
+        param("mean", &O::mean,
+              {.doc = "per channel, subtracted after scaling to [0, 1] (default ImageNet's)",
+               .check = check_channel_values}),
+        param("std", &O::std,
+              {.doc = "per channel, divides (default ImageNet's)", .check = check_channel_values})};
+  }
+  void validate() const {
+    for (double s : channel_values(std))
+      if (!(s > 0)) throw ConfigError("std", "every std value must be greater than zero");
+  }
+};
+
+TransformSchema normalize_image_transform() {
+  return define_transform<NormalizeImageOptions>(
+      "normalize_image", "uint8 [H, W, C] -> float32 [C, H, W], (x / 255 - mean) / std per channel",
+      [](const NormalizeImageOptions& o, const Params& p) -> SampleFn {
+        return [mean = channel_values(o.mean), std = channel_values(o.std), name = o.field,
+                id = field_id(o.field), p](Sample& s, MapContext&) {
+          const Tensor& in = image_of(s, id, name, p);
+          const std::int64_t h = in.shape()[0], w = in.shape()[1], c = in.shape()[2];
+          auto pick = [&](const std::vector<double>& v, const char* what, std::int64_t ch) {
+            if (v.size() == 1) return v[0];
+            if (static_cast<std::int64_t>(v.size()) != c)
+              throw param_data_error(p, what,
+                                     "lists " + std::to_string(v.size()) + " values, but field '" +
+                                         name + "' of record " + s.ref.to_string() + " has " +
+                                         std::to_string(c) + " channels");
+            return v[static_cast<std::size_t>(ch)];
+          };
+          Tensor out(DType::kFloat32, Shape{c, h, w});
+          const auto* src = static_cast<const std::uint8_t*>(in.data());
+          auto* dst = static_cast<float*>(out.data());
+          const std::int64_t plane = h * w;
+          // (x / 255 - m) / s through a 256-entry table per channel: one load per value.
+          std::vector<float> table(static_cast<std::size_t>(256 * c));
+          for (std::int64_t ch = 0; ch < c; ++ch) {
+            const double m = pick(mean, "mean", ch), sd = pick(std, "std", ch);
+            for (int v = 0; v < 256; ++v)
+              table[static_cast<std::size_t>(ch * 256 + v)] =
+                  static_cast<float>((static_cast<double>(v) / 255.0 - m) / sd);
+          }
+          if (c == 3) {  // one pass over the pixels, three planes written
+            const float *t0 = table.data(), *t1 = t0 + 256, *t2 = t0 + 512;
+            float *o0 = dst, *o1 = dst + plane, *o2 = dst + 2 * plane;
+            for (std::int64_t i = 0; i < plane; ++i) {
+              o0[i] = t0[src[3 * i]];
+              o1[i] = t1[src[3 * i + 1]];
+              o2[i] = t2[src[3 * i + 2]];
+            }
+          } else {
+            for (std::int64_t ch = 0; ch < c; ++ch)
+              for (std::int64_t i = 0; i < plane; ++i)
+                dst[ch * plane + i] = table[static_cast<std::size_t>(ch * 256 + src[i * c + ch])];
+          }
+          s.set(id, std::move(out));
+        };
+      });
+}
+
+}  // namespace
+
+Tensor resize_region(const Tensor& in, std::int64_t top, std::int64_t left, std::int64_t height,
+                     std::int64_t width, std::int64_t out_h, std::int64_t out_w) {
+  const std::int64_t w = in.shape()[1], c = in.shape()[2];
+  const auto* src = static_cast<const std::uint8_t*>(in.data());
+  Tensor out(DType::kUInt8, Shape{out_h, out_w, c});
+  auto* dst = static_cast<std::uint8_t*>(out.data());
+  const Taps tx = make_taps(left, width, out_w);
+  const Taps ty = make_taps(top, height, out_h);
+  // Horizontal pass over the rows the vertical taps read: [height, out_w, c] floats.
+  const auto row = static_cast<std::size_t>(out_w * c);
+  // The intermediate rows (about a megabyte for an ImageNet crop) are a per-thread scratch
+  // buffer: a fresh one per image would be fresh pages, faulted in by the kernel every time.
+  thread_local std::vector<float> mid;
+  thread_local std::vector<float> acc;
+  mid.resize(static_cast<std::size_t>(height) * row);
+  acc.resize(row);
+  for (std::int64_t y = 0; y < height; ++y) {
+    const std::uint8_t* in_row = src + (top + y) * w * c;
+    float* m = mid.data() + static_cast<std::size_t>(y) * row;
+    for (std::int64_t x = 0; x < out_w; ++x) {
+      const auto xi = static_cast<std::size_t>(x);
+      const float* wt = &tx.weights[xi * tx.stride];
+      const std::uint8_t* px = in_row + tx.first[xi] * c;
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        float acc = 0;
+        for (std::int32_t k = 0; k < tx.count[xi]; ++k) acc += wt[k] * px[k * c + ch];
+        m[x * c + ch] = acc;
+      }
+    }
+  }
+  // Vertical pass, a row at a time.
+  for (std::int64_t y = 0; y < out_h; ++y) {
+    const auto yi = static_cast<std::size_t>(y);
+    const float* wt = &ty.weights[yi * ty.stride];
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (std::int32_t k = 0; k < ty.count[yi]; ++k) {
+      const float* m = mid.data() + static_cast<std::size_t>(ty.first[yi] - top + k) * row;
+      const float wk = wt[k];
+      for (std::size_t i = 0; i < row; ++i) acc[i] += wk * m[i];
+    }
+    std::uint8_t* o = dst + y * static_cast<std::int64_t>(row);
+    for (std::size_t i = 0; i < row; ++i)
+      o[i] = static_cast<std::uint8_t>(std::clamp(acc[i] + 0.5f, 0.0f, 255.0f));
+  }
+  return out;
+}
+
+std::vector<TransformSchema> image_transforms() {
+  std::vector<TransformSchema> out;
+  out.push_back(resize_transform());
+  out.push_back(center_crop_transform());
+  out.push_back(random_resized_crop_transform());
+  out.push_back(flip_transform());
+  out.push_back(normalize_image_transform());
+  return out;
+}
+
+}  // namespace flowstate

@@ -1,0 +1,420 @@
+// decode_image (nodes/decode_image.h), the codecs (nodes/image_codec.h) and the image
+// transforms (nodes/image_transforms.h). The pixel check against PIL is
+// tests/python/test_images.py.
+#include "flowstate/nodes/decode_image.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "flowstate/config/inspect.h"
+#include "flowstate/config/yaml.h"
+#include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
+#include "flowstate/nodes/image_codec.h"
+#include "flowstate/nodes/image_transforms.h"
+#include "flowstate/nodes/sources/tar.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+/// A small synthetic JPEG (sides 24..48) and its pixels.
+std::string small_jpeg(std::uint64_t i, RgbImage* pixels = nullptr) {
+  RgbImage img = synthetic_image(3, i, 24, 48);
+  std::string jpeg = encode_jpeg(img.pixels, img.width, img.height, 95);
+  if (pixels != nullptr) *pixels = std::move(img);
+  return jpeg;
+}
+
+/// The offset of the first SOF0 marker's height field in a baseline JPEG.
+std::size_t sof_dims(const std::string& jpeg) {
+  for (std::size_t i = 2; i + 9 < jpeg.size(); ++i)
+    if (static_cast<unsigned char>(jpeg[i]) == 0xff &&
+        static_cast<unsigned char>(jpeg[i + 1]) == 0xc0)
+      return i + 5;
+  ADD_FAILURE() << "no SOF0";
+  return 0;
+}
+
+std::string with_dims(std::string jpeg, unsigned height, unsigned width) {
+  const std::size_t at = sof_dims(jpeg);
+  jpeg[at] = static_cast<char>(height >> 8);
+  jpeg[at + 1] = static_cast<char>(height & 0xff);
+  jpeg[at + 2] = static_cast<char>(width >> 8);
+  jpeg[at + 3] = static_cast<char>(width & 0xff);
+  return jpeg;
+}
+
+std::string decode_error(const std::string& bytes, ImageDecodeLimits limits = {}) {
+  try {
+    decode_image_bytes(as_bytes(bytes), limits);
+  } catch (const ImageError& e) {
+    return e.what();
+  }
+  return "(decoded)";
+}
+
+TEST(ImageCodec, DecodesAJpegToRgbHwcCloseToItsPixels) {
+  RgbImage img;
+  const std::string jpeg = small_jpeg(1, &img);
+  ASSERT_EQ(sniff_image(as_bytes(jpeg)), ImageFormat::kJpeg);
+  const Tensor t = decode_image_bytes(as_bytes(jpeg), {});
+  EXPECT_EQ(t.dtype(), DType::kUInt8);
+  EXPECT_EQ(t.shape(), (Shape{img.height, img.width, 3}));
+  // Lossy at quality 95: close on average to what was encoded.
+  const auto* p = static_cast<const std::uint8_t*>(t.data());
+  double diff = 0;
+  for (std::size_t i = 0; i < img.pixels.size(); ++i) diff += std::abs(p[i] - img.pixels[i]);
+  EXPECT_LT(diff / static_cast<double>(img.pixels.size()), 8.0);
+}
+
+TEST(ImageCodec, DownscalesAJpegWhileDecoding) {
+  RgbImage img = synthetic_image(3, 5, 300, 400);
+  const std::string jpeg = encode_jpeg(img.pixels, img.width, img.height, 90);
+  const auto [h, w] = jpeg_scaled_size(img.height, img.width, 100);
+  EXPECT_GE(std::min(h, w), 100);
+  EXPECT_LT(static_cast<std::int64_t>(h) * w, static_cast<std::int64_t>(img.height) * img.width);
+  // The next smaller factor would go below 100 on the shorter side.
+  const int shorter = std::min(img.height, img.width);
+  EXPECT_LT((shorter * (8 * std::min(h, w) / shorter - 1) + 7) / 8, 100);
+  const Tensor t = decode_image_bytes(as_bytes(jpeg), {.min_size = 100});
+  EXPECT_EQ(t.shape(), (Shape{h, w, 3}));
+  // An image already below min_size decodes at full size.
+  EXPECT_EQ(jpeg_scaled_size(50, 60, 100), (std::pair<int, int>{50, 60}));
+  EXPECT_EQ(jpeg_scaled_size(800, 600, 0), (std::pair<int, int>{800, 600}));
+  EXPECT_EQ(jpeg_scaled_size(800, 600, 224), (std::pair<int, int>{300, 225}));  // 3/8
+}
+
+TEST(ImageCodec, RefusesBadImagesWithTheirReason) {
+  const std::string jpeg = small_jpeg(2);
+  EXPECT_THAT(decode_error("<html>hello</html>"),
+              HasSubstr("not a JPEG or PNG image (18 bytes starting 3c 68 74 6d 6c 3e 68 65)"));
+  EXPECT_EQ(decode_error(""), "not an image: 0 bytes");
+  EXPECT_THAT(decode_error(jpeg.substr(0, jpeg.size() / 2)), HasSubstr("bad JPEG data"));
+  EXPECT_THAT(decode_error(jpeg.substr(0, 40)), HasSubstr("JPEG"));
+  EXPECT_THAT(decode_error(with_dims(jpeg, 0, 0)), HasSubstr("not a valid JPEG"));
+  EXPECT_EQ(decode_error(with_dims(jpeg, 30000, 30000)),
+            "a JPEG of 30000x30000 pixels exceeds max_pixels (100000000)");
+  EXPECT_THAT(decode_error(jpeg, {.max_pixels = 100}),
+              HasSubstr("pixels exceeds max_pixels (100)"));
+  // A failed decode leaves the thread's decoder usable.
+  EXPECT_EQ(decode_error(jpeg), "(decoded)");
+  const std::string png_signature = "\x89PNG\r\n\x1a\n";
+  EXPECT_THAT(decode_error(png_signature + "garbage"), HasSubstr("not a valid PNG"));
+  EXPECT_THAT(decode_error(png_signature), HasSubstr("truncated PNG data"));
+}
+
+// ---- the node in pipelines ----
+
+/// `n` samples of small JPEGs and labels in one tar; the samples in `bad` hold bytes that are
+/// not an image.
+std::string write_image_tar(const TempDir& dir, std::uint64_t n, std::set<std::uint64_t> bad = {}) {
+  std::string tar;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof(key), "%06llu", static_cast<unsigned long long>(i));
+    append_tar_member(tar, std::string(key) + ".jpg",
+                      bad.count(i) != 0 ? std::string("not an image") : small_jpeg(i));
+    append_tar_member(tar, std::string(key) + ".cls", std::to_string(i % 10));
+  }
+  append_tar_end(tar);
+  const std::string path = dir / "images.tar";
+  std::ofstream(path, std::ios::binary).write(tar.data(), static_cast<std::streamsize>(tar.size()));
+  return path;
+}
+
+std::string augment_yaml(const std::string& tar, const std::string& on_error) {
+  return "seed: 11\nsource: {type: tar, paths: \"" + tar +
+         "\", fields: [jpg, cls]}\n"
+         "nodes:\n"
+         "  - shuffle: {mode: global}\n"
+         "  - decode_image: {min_size: 20, on_error: " +
+         on_error +
+         "}\n"
+         "  - map: {fn: random_resized_crop, size: [16, 20]}\n"
+         "  - map: {fn: flip}\n"
+         "  - map: {fn: normalize_image}\n"
+         "  - map: {fn: parse_int, field: cls}\n"
+         "  - batch: {size: 4}\n";
+}
+
+TEST(DecodeImage, AugmentedBatchesStackToBatchChannelsHeightWidth) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 10);
+  Loader l(from_yaml_string(augment_yaml(tar, "error")), {.epochs = 1});
+  std::size_t samples = 0;
+  while (auto b = l.next()) {
+    const Tensor& x = (*b)["jpg"];
+    EXPECT_EQ(x.dtype(), DType::kFloat32);
+    EXPECT_EQ(x.shape(), (Shape{static_cast<std::int64_t>(b->info.num_samples), 3, 16, 20}));
+    const Tensor& y = (*b)["cls"];
+    EXPECT_EQ(y.dtype(), DType::kInt64);
+    for (std::size_t i = 0; i < b->info.refs.size(); ++i)
+      EXPECT_EQ(y.values<std::int64_t>()[i], static_cast<std::int64_t>(b->info.refs[i].index % 10));
+    samples += b->info.num_samples;
+  }
+  EXPECT_EQ(samples, 10u);
+}
+
+TEST(DecodeImage, ABadImageIsADataErrorNamingTheRecordAndField) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 6, {4});
+  Loader l(from_yaml_string(augment_yaml(tar, "error")), {.epochs = 1});
+  try {
+    while (l.next()) {
+    }
+    FAIL() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("node 'decode_image': field 'jpg' of record 0:4: not a JPEG "
+                                    "or PNG "
+                                    "image (12 bytes starting 6e 6f 74 20 61 6e 20 69)"));
+  }
+}
+
+TEST(DecodeImage, SkipsBadImagesWhenToldAndTheyLeaveTheProvenance) {
+  TempDir dir;
+  const std::set<std::uint64_t> bad{1, 4, 7};
+  const std::string tar = write_image_tar(dir, 12, bad);
+  Loader l(from_yaml_string(augment_yaml(tar, "skip")), {.epochs = 2});
+  std::multiset<std::uint64_t> seen;
+  std::size_t batches = 0;
+  while (auto b = l.next()) {
+    ++batches;
+    for (const Ref& r : b->info.refs) seen.insert(r.index);
+    EXPECT_EQ((*b)["jpg"].shape()[0], static_cast<std::int64_t>(b->info.num_samples));
+  }
+  EXPECT_EQ(seen.size(), 18u);  // 9 good images, 2 epochs
+  EXPECT_EQ(batches, 6u);       // batches of 4, 4, 1 per epoch: the skip happens in the spine
+  for (auto i : bad) EXPECT_EQ(seen.count(i), 0u) << i;
+}
+
+TEST(DecodeImage, CountsWhatItSkippedInItsState) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 12, {1, 4, 7});
+  Loader l(from_yaml_string(augment_yaml(tar, "skip")), {.epochs = 1});
+  while (l.next()) {
+  }
+  const std::string state = describe_state(l.state(), StateSource{});
+  EXPECT_THAT(state, ::testing::ContainsRegex("\"dropped\": ?3[,}]")) << state;
+}
+
+TEST(DecodeImage, PassesTheSaveRestoreOracleFromOneWorkerToTwo) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 14, {5});
+  for (const char* on_error : {"error", "skip"}) {
+    // The error pipeline reads the good records only (records 0..4 and 6..13 are good, but a
+    // shuffle reaches record 5): it has its own tar.
+    TempDir good;
+    const std::string path = std::string(on_error) == "skip" ? tar : write_image_tar(good, 14);
+    auto make = [&] { return from_yaml_string(augment_yaml(path, on_error)); };
+    testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+    testing::expect_save_restore(make, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
+  }
+}
+
+TEST(DecodeImage, TheCppBuilderFormEqualsTheYamlForm) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 8);
+  auto digests = [](Pipeline p) {
+    std::vector<std::uint64_t> out;
+    Loader l(std::move(p), {.epochs = 1});
+    while (auto b = l.next()) out.push_back(b->digest());
+    return out;
+  };
+  Pipeline::Builder b;
+  b.seed(11)
+      .tar({.paths = {tar}, .fields = {"jpg"}})
+      .add(decode_image_node(), DecodeImageOptions{.min_size = 20})
+      .batch({.size = 1});
+  const std::string yaml = "seed: 11\nsource: {type: tar, paths: \"" + tar +
+                           "\", fields: [jpg]}\nnodes:\n  - decode_image: {min_size: 20}\n"
+                           "  - batch: {size: 1}\n";
+  EXPECT_EQ(digests(b.build()), digests(from_yaml_string(yaml)));
+}
+
+TEST(DecodeImage, RefusesBadOptionsAtBuildTime) {
+  try {
+    from_yaml_string(
+        "source: {type: records, paths: x, record_bytes: 8}\nnodes:\n"
+        "  - decode_image: {on_error: ignore}\n  - batch: {size: 1}\n");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("on_error"));
+    EXPECT_THAT(e.what(), HasSubstr("error, skip"));
+  }
+}
+
+// ---- transforms ----
+
+/// A transform's per-sample function from YAML-like parameters.
+SampleFn transform(const std::string& name,
+                   std::vector<std::pair<std::string, ParamValue>> values = {}) {
+  for (auto& t : image_transforms())
+    if (t.name == name) {
+      // Defaults as YAML fills them in.
+      for (const auto& row : t.params)
+        if (row.default_value && std::none_of(values.begin(), values.end(),
+                                              [&](const auto& v) { return v.first == row.name; }))
+          values.emplace_back(row.name, *row.default_value);
+      return t.make_sample(Params(name, std::move(values)));
+    }
+  ADD_FAILURE() << name;
+  return {};
+}
+
+Sample image_sample(std::int64_t h, std::int64_t w, std::uint64_t seed = 1) {
+  Sample s;
+  s.ref = Ref{.source = 0, .shard = 0, .index = seed};
+  Tensor t(DType::kUInt8, Shape{h, w, 3});
+  auto v = t.values<std::uint8_t>();
+  ElementRng rng(seed, 0, 0);
+  for (auto& x : v) x = static_cast<std::uint8_t>(rng.below(256));
+  s.set("jpg", t);
+  return s;
+}
+
+std::vector<std::uint8_t> pixels(const Sample& s) {
+  auto v = s.at("jpg").values<std::uint8_t>();
+  return {v.begin(), v.end()};
+}
+
+TEST(ImageTransforms, FlipMirrorsWithProbabilityP) {
+  Sample s = image_sample(3, 5);
+  const Tensor in = s.at("jpg");
+  MapContext ctx{0, ElementRng(1, 2)};
+  transform("flip", {{"p", 1.0}})(s, ctx);
+  const Tensor& out = s.at("jpg");
+  for (std::int64_t y = 0; y < 3; ++y)
+    for (std::int64_t x = 0; x < 5; ++x)
+      for (std::int64_t c = 0; c < 3; ++c)
+        EXPECT_EQ(out.values<std::uint8_t>()[(y * 5 + x) * 3 + c],
+                  in.values<std::uint8_t>()[(y * 5 + 4 - x) * 3 + c]);
+  Sample t = image_sample(3, 5);
+  const auto before = pixels(t);
+  transform("flip", {{"p", 0.0}})(t, ctx);
+  EXPECT_EQ(pixels(t), before);
+  // p = 0.5: about half of many records are flipped.
+  int flipped = 0;
+  auto flip = transform("flip");
+  for (std::uint64_t r = 0; r < 400; ++r) {
+    Sample u = image_sample(1, 2, r);
+    const auto b = pixels(u);
+    MapContext c{0, ElementRng(9, r)};
+    flip(u, c);
+    flipped += pixels(u) != b ? 1 : 0;
+  }
+  EXPECT_GT(flipped, 150);
+  EXPECT_LT(flipped, 250);
+}
+
+TEST(ImageTransforms, ResizeKeepsTheAspectRatioForOneSizeAndIsTheIdentityAtScaleOne) {
+  Sample s = image_sample(40, 60);
+  const auto before = pixels(s);
+  MapContext ctx{0, ElementRng(1, 2)};
+  transform("resize", {{"size", std::vector<std::int64_t>{40, 60}}})(s, ctx);
+  EXPECT_EQ(pixels(s), before);
+  transform("resize", {{"size", std::vector<std::int64_t>{20}}})(s, ctx);
+  EXPECT_EQ(s.at("jpg").shape(), (Shape{20, 30, 3}));
+  // Shrinking by 2 averages: a 2x2 block of one value stays that value.
+  Sample flat;
+  flat.ref = Ref{};
+  Tensor t(DType::kUInt8, Shape{8, 8, 3});
+  for (auto& x : t.values<std::uint8_t>()) x = 77;
+  flat.set("jpg", t);
+  transform("resize", {{"size", std::vector<std::int64_t>{4, 4}}})(flat, ctx);
+  for (auto x : pixels(flat)) EXPECT_EQ(x, 77);
+}
+
+TEST(ImageTransforms, CenterCropRoundsAsTorchvisionAndPadsWithZeros) {
+  Sample s = image_sample(5, 7);
+  const Tensor in = s.at("jpg");
+  MapContext ctx{0, ElementRng(1, 2)};
+  transform("center_crop", {{"size", std::vector<std::int64_t>{2, 4}}})(s, ctx);
+  // top = round(1.5) = 2, left = round(1.5) = 2 (ties to even).
+  const auto out = pixels(s);
+  for (std::int64_t y = 0; y < 2; ++y)
+    for (std::int64_t x = 0; x < 4; ++x)
+      for (std::int64_t c = 0; c < 3; ++c)
+        EXPECT_EQ(out[static_cast<std::size_t>((y * 4 + x) * 3 + c)],
+                  in.values<std::uint8_t>()[((y + 2) * 7 + x + 2) * 3 + c]);
+  Sample small = image_sample(2, 2);
+  transform("center_crop", {{"size", std::vector<std::int64_t>{4}}})(small, ctx);
+  const auto padded = pixels(small);
+  EXPECT_EQ(padded[0], 0);                                            // row 0 is padding
+  EXPECT_EQ(padded[(1 * 4 + 1) * 3], pixels(image_sample(2, 2))[0]);  // (1, 1) is (0, 0)
+}
+
+TEST(ImageTransforms, RandomResizedCropFallsBackToTheCentreCropOfTheClampedRatio) {
+  // Scale 1 and ratio 1 on a 2:1 image: no attempt fits (71 > 50), so the centre 50x50.
+  Sample s = image_sample(50, 100);
+  const Tensor in = s.at("jpg");
+  MapContext ctx{0, ElementRng(1, 2)};
+  transform("random_resized_crop", {{"size", std::vector<std::int64_t>{50}},
+                                    {"scale_min", 1.0},
+                                    {"ratio_min", 1.0},
+                                    {"ratio_max", 1.0}})(s, ctx);
+  const auto out = pixels(s);
+  for (std::int64_t y = 0; y < 50; ++y)
+    for (std::int64_t x = 0; x < 50; ++x)
+      ASSERT_EQ(out[static_cast<std::size_t>((y * 50 + x) * 3)],
+                in.values<std::uint8_t>()[(y * 100 + x + 25) * 3]);
+}
+
+TEST(ImageTransforms, RandomResizedCropDrawsFromTheRecordsGenerator) {
+  auto crop = transform("random_resized_crop", {{"size", std::vector<std::int64_t>{8}}});
+  auto run = [&](std::uint64_t record) {
+    Sample s = image_sample(30, 40);
+    MapContext ctx{0, ElementRng(5, record)};
+    crop(s, ctx);
+    EXPECT_EQ(s.at("jpg").shape(), (Shape{8, 8, 3}));
+    return pixels(s);
+  };
+  EXPECT_EQ(run(1), run(1));
+  EXPECT_NE(run(1), run(2));
+}
+
+TEST(ImageTransforms, NormalizeImageMakesChannelsFirstFloats) {
+  Sample s = image_sample(2, 3);
+  const Tensor in = s.at("jpg");
+  MapContext ctx{0, ElementRng(1, 2)};
+  transform("normalize_image")(s, ctx);
+  const Tensor& out = s.at("jpg");
+  EXPECT_EQ(out.dtype(), DType::kFloat32);
+  EXPECT_EQ(out.shape(), (Shape{3, 2, 3}));
+  const double mean[3] = {0.485, 0.456, 0.406}, sd[3] = {0.229, 0.224, 0.225};
+  for (int c = 0; c < 3; ++c)
+    for (int i = 0; i < 6; ++i)
+      EXPECT_FLOAT_EQ(
+          out.values<float>()[c * 6 + i],
+          static_cast<float>((in.values<std::uint8_t>()[i * 3 + c] / 255.0 - mean[c]) / sd[c]));
+}
+
+TEST(ImageTransforms, ASampleThatIsNotADecodedImageIsADataError) {
+  Sample s;
+  s.ref = Ref{.source = 0, .shard = 0, .index = 3};
+  s.set("jpg", Tensor(DType::kUInt8, Shape{10}));
+  MapContext ctx{0, ElementRng(1, 2)};
+  try {
+    transform("flip")(s, ctx);
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("field 'jpg' of record 0:3 is uint8 [10], not a decoded "
+                                    "image (uint8 [H, W, C]; see decode_image)"));
+  }
+}
+
+}  // namespace
+}  // namespace flowstate
