@@ -20,6 +20,7 @@
 #include "flowstate/nodes/builtin.h"
 #include "flowstate/tools/testing.h"
 #include "flowstate/tools/verify.h"
+#include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -29,16 +30,7 @@ using testing::record_index;
 using testing::TempDir;
 using Item = std::pair<int, std::uint64_t>;  // (input tag, record)
 
-/// What `f` throws as a CheckpointError ("" when it throws none).
-template <class F>
-std::string checkpoint_error(F&& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::checkpoint_error;
 
 class MixChangeTest : public ::testing::Test {
  protected:
