@@ -38,6 +38,8 @@ if(NOT TURBOJPEG_FOUND)
   message(FATAL_ERROR "flowstate needs TurboJPEG: install the Debian packages 'libturbojpeg0-dev' and 'pkg-config'")
 endif()
 flowstate_require(PNG libpng-dev)
+# Remote sources (s3://, http(s)://): libcurl, whose SigV4 signs the S3 requests.
+flowstate_require(CURL libcurl4-openssl-dev)
 
 find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h)
 if(NOT DLPACK_INCLUDE_DIR)

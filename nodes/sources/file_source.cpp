@@ -136,6 +136,7 @@ FileSource::FileSource(std::string name, std::string kind, std::string unit,
 
 void FileSource::add_file(const ExpandedPath& path, const MappedFile& file, std::uint64_t records) {
   files_.push_back(path.path);
+  if (path.keep) keep_.push_back(path.keep);
   identity_->files.push_back(file_identity(path.name, file, records));
   total_ += records;
   first_.push_back(total_);

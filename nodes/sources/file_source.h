@@ -182,6 +182,7 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   std::string unit_;
   std::shared_ptr<DataIdentity> identity_ = std::make_shared<DataIdentity>();
   std::vector<std::uint64_t> first_{0};  ///< first global index of each file, plus the total
+  std::vector<std::shared_ptr<const void>> keep_;  ///< each file's ExpandedPath::keep
   std::uint64_t total_ = 0;
 };
 

@@ -15,6 +15,8 @@
 #include <set>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/object_cache.h"
+#include "flowstate/nodes/sources/remote_store.h"
 
 namespace flowstate {
 
@@ -223,6 +225,11 @@ std::vector<ExpandedPath> expand_named_paths(const std::vector<std::string>& pat
   std::vector<ExpandedPath> out;
   std::set<std::string> seen;
   for (const auto& written : patterns) {
+    if (is_remote_url(written)) {
+      for (auto& r : expand_remote_paths(written))
+        if (seen.insert(r.name).second) out.push_back(std::move(r));
+      continue;
+    }
     const std::filesystem::path w(written);
     const std::string pattern =
         w.is_relative() && !base_dir.empty() ? (base_dir / w).string() : written;

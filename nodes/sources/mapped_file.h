@@ -56,7 +56,11 @@ struct ExpandedPath {
   std::string path;  ///< as opened (base_dir applied)
   /// The pattern's root as written — its directory part before the first wildcard — then the
   /// path below it: the same wherever base_dir, or an absolute root's directory, lies.
+  /// A remote object's name is its URL (without credentials).
   std::string name;
+  /// What must live while the file is read: a remote object's pin on its cached copy (see
+  /// nodes/sources/object_cache.h); null for a local file.
+  std::shared_ptr<const void> keep;
 };
 
 /// expand_paths, with each file's name (see ExpandedPath).
@@ -64,6 +68,8 @@ std::vector<ExpandedPath> expand_named_paths(const std::vector<std::string>& pat
                                              const std::filesystem::path& base_dir = {});
 
 /// Expands `patterns` (plain paths or globs): each pattern's matches in sorted order,
+/// a remote pattern (`s3://`, `http(s)://`) its objects, fetched into the local cache (see
+/// expand_remote_paths),
 /// patterns in the given order, duplicates dropped, flowstate's index caches (*.fsidx) left
 /// out. A relative pattern is taken relative to `base_dir` when one is given (a YAML file's
 /// directory). Throws DataError naming a pattern that matches nothing.

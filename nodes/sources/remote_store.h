@@ -1,0 +1,106 @@
+// Remote data: `s3://bucket/prefix/train-*.tar` and `https://host/path/shard-{0000..0127}.tar`
+// (also `http://`) as the paths of file sources. This file holds the URL grammar (brace ranges,
+// client-side globs, credential-free display names), the settings read the way the AWS tools
+// read them, and the client: libcurl, S3 requests signed by curl's own SigV4
+// (CURLOPT_AWS_SIGV4), ListObjectsV2 paginated, HEAD for HTTP objects, and whole-object GETs
+// into a file with retries, exponential backoff and byte-range resume. The cache that holds the
+// downloaded copies is nodes/sources/object_cache.h.
+//
+//   RemoteSettings s = RemoteSettings::from_environment();
+//   for (const RemoteObject& o : list_remote("s3://bucket/train-*.tar", s)) ...
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flowstate {
+
+/// True for a path flowstate reads remotely: it starts with `s3://`, `http://` or `https://`.
+bool is_remote_url(std::string_view path);
+
+/// Expands brace groups as webdataset and the shell write them, left to right, in the order
+/// written: `{0000..0127}` is a numeric range (zero-padded to the width of its first bound when
+/// that starts with 0; descending when the first bound is larger), `{a,b,c}` a list. Text
+/// without braces is one result. Throws ConfigError (key `paths`) naming the pattern for an
+/// unbalanced or empty group, or a range of more than 10 000 000 values.
+std::vector<std::string> expand_braces(const std::string& pattern);
+
+/// Whether the key `name` matches the glob `pattern` (`*`, `?`, `[...]`; `*` and `?` do not
+/// match `/`, as a local glob's do not cross directories).
+bool glob_matches(const std::string& pattern, const std::string& name);
+
+/// `url` without what may hold a secret: user info (`user:pass@`) and the query string are
+/// removed. Every URL flowstate shows (errors, identities, inspect) goes through it.
+std::string redact_url(std::string_view url);
+
+/// How remote objects are reached, read from the environment the way the AWS CLI reads it.
+/// Holds secrets: never formatted into a message.
+struct RemoteSettings {
+  std::string access_key;            ///< AWS_ACCESS_KEY_ID (or the profile's aws_access_key_id)
+  std::string secret_key;            ///< AWS_SECRET_ACCESS_KEY (or the profile's)
+  std::string session_token;         ///< AWS_SESSION_TOKEN (or the profile's); may be empty
+  std::string region = "us-east-1";  ///< AWS_REGION, AWS_DEFAULT_REGION, the profile's region
+  /// AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL ("http://127.0.0.1:9000"): an S3-compatible store,
+  /// addressed path-style (endpoint/bucket/key). Empty: AWS, virtual-hosted style.
+  std::string endpoint;
+  std::string ca_bundle;  ///< AWS_CA_BUNDLE or CURL_CA_BUNDLE: extra trusted certificates
+  /// Failed attempts of one request, counting the first, before it is an error
+  /// (FLOWSTATE_REMOTE_ATTEMPTS, default 6). An attempt that received bytes does not count.
+  int attempts = 6;
+  /// No byte for this long (connect or body) is a timeout, retried
+  /// (FLOWSTATE_REMOTE_TIMEOUT, seconds, default 30).
+  std::chrono::milliseconds timeout{30000};
+  /// The first retry's wait; each next one doubles it, up to 32 times it
+  /// (FLOWSTATE_REMOTE_BACKOFF, seconds, default 0.2).
+  std::chrono::milliseconds backoff{200};
+  int connections = 8;   ///< parallel downloads (FLOWSTATE_REMOTE_CONNECTIONS, default 8)
+  int page_keys = 1000;  ///< keys per ListObjectsV2 page (FLOWSTATE_S3_PAGE_KEYS; tests page)
+
+  /// Reads the environment and, for what it lacks, the shared credentials and config files
+  /// (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials, AWS_CONFIG_FILE or ~/.aws/config) for
+  /// AWS_PROFILE (default "default"). Throws ConfigError naming a variable that is malformed.
+  static RemoteSettings from_environment();
+  /// Whether S3 requests are signed: both keys are known (otherwise they are anonymous).
+  bool signs() const { return !access_key.empty() && !secret_key.empty(); }
+};
+
+/// One remote object as listed.
+struct RemoteObject {
+  std::string url;        ///< as shown: `s3://bucket/key` or the HTTP URL, redacted
+  std::string fetch_url;  ///< the HTTP(S) URL a GET reads
+  bool s3 = false;        ///< signed as S3 when RemoteSettings::signs()
+  std::uint64_t size = 0;
+  std::string etag;  ///< as the server sent it, quotes included; may be empty for HTTP
+};
+
+/// The objects `pattern` names, in order: an `s3://bucket/prefix*glob` pattern lists the
+/// keys under its prefix (the text before the first wildcard; ListObjectsV2, paginated) and
+/// keeps the matches, sorted; an `http(s)://` pattern's brace groups are expanded (in the
+/// order written) and each URL is asked for its size and ETag (HEAD, `connections` at a time).
+/// A pattern matching nothing, a missing object or a server that fails past the retries is a
+/// DataError naming the (redacted) URL, the HTTP status and the attempts.
+std::vector<RemoteObject> list_remote(const std::string& pattern, const RemoteSettings& settings);
+
+/// Downloads `object` into the open file `fd` (bytes [0, size) written at their offsets),
+/// retrying per `settings` and resuming at the first byte not yet received. Each GET sends
+/// If-Match with the listed ETag: an object changed since it was listed is a DataError, never a
+/// copy mixing two versions. `progress`, when given, is told the bytes received so far.
+/// Throws DataError naming the URL, the last HTTP status (or transfer error) and the attempts.
+void download_object(const RemoteObject& object, int fd, const RemoteSettings& settings,
+                     const std::function<void(std::uint64_t)>& progress = {});
+
+/// Counts of requests this process sent (tests and benchmarks read them).
+struct RemoteRequestCounts {
+  std::uint64_t lists = 0;    ///< ListObjectsV2 pages
+  std::uint64_t heads = 0;    ///< HEAD requests
+  std::uint64_t gets = 0;     ///< GET attempts of object bytes
+  std::uint64_t retries = 0;  ///< attempts that failed and were retried
+};
+/// The counts so far.
+RemoteRequestCounts remote_request_counts();
+
+}  // namespace flowstate
