@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/remote_store.h"
 
 namespace flowstate {
 namespace {
@@ -183,6 +184,12 @@ IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint
       options_(std::move(options)),
       field_(field_id(options_.field)) {
   validate_fields(options_, "indexed");
+  for (const auto& p : options_.paths)
+    if (is_remote_url(p))
+      throw ConfigError("indexed.paths", "'" + redact_url(p) +
+                                             "': an indexed source reads local files only (a "
+                                             "remote PREFIX.bin + PREFIX.idx pair is not "
+                                             "supported yet)");
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
     auto f = std::make_unique<IndexedFile>(named.path);
     if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())

@@ -517,7 +517,7 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
   std::uint64_t got = 0;
   std::string write_error;
   int failures = 0, attempts = 0;
-  while (object.size == 0 ? attempts == 0 : got < object.size) {
+  for (bool done = false; !done;) {
     Request req{.url = object.fetch_url, .s3 = object.s3, .if_match = object.etag};
     if (object.size > 0) req.range = std::to_string(got) + "-" + std::to_string(object.size - 1);
     const std::uint64_t at_start = got;
@@ -553,7 +553,8 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
     if (!write_error.empty())
       throw DataError(object.url, got, "cannot download '" + object.url + "': " + write_error);
     if (r.code == CURLE_OK && (r.status == 200 || r.status == 206)) {
-      if (got < object.size && got == at_start) {
+      done = got == object.size;
+      if (!done && got == at_start) {
         // A success that carried nothing: count it as a failure.
         if (++failures >= s.attempts) fail(object.url, r, attempts, "download");
         backoff_sleep(s, failures);
