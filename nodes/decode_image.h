@@ -21,7 +21,7 @@
 // decode. The box is drawn from the header's dimensions exactly as the random_resized_crop
 // transform draws it (the same function and options: scale_min, scale_max, ratio_min,
 // ratio_max), from this node's record generator; only the JPEG data covering the box is
-// decoded, at the largest scaled IDCT (M/8) that keeps the box at least SIZE, and the result is
+// decoded, downscaled by the IDCT as far as the box stays at least SIZE (the smallest M/8), then
 // resized bilinearly to SIZE (nodes/image_codec.h, decode_image_box). The output is a uint8
 // [SIZE, 3] image; it differs from decoding whole and then cropping only by what the scaled IDCT
 // changes (docs/DECISIONS.md, "Images (issue 24)", gives the measured difference).

@@ -21,7 +21,7 @@
 // Crop-only decoding (decode_image_box): a box chosen from the header's dimensions, and only
 // the part of a JPEG covering it decoded — libjpeg's jpeg_crop_scanline for the columns (to an
 // iMCU boundary), jpeg_skip_scanlines for the rows above it (their entropy data is read, no
-// IDCT), nothing below it — at the largest scaled IDCT (M/8) that keeps the box at least the
+// IDCT), nothing below it — at the smallest scaling M/8 that keeps the box at least the
 // output size. A JPEG whose data ends in an EOI marker is not read past the box's last row (a
 // corrupt entropy segment below the box goes unnoticed); one that does not (a truncated file)
 // is read to its end, so truncation is refused as by the full decode.
