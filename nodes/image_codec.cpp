@@ -150,9 +150,12 @@ bool jpeg_box_start(JpegReader* r, int scale_num, JDIMENSION* x, JDIMENSION* w) 
   return true;
 }
 
-/// Reads rows [y0, y0 + rows) into `out` (rows of the cropped width); with `to_end`, reads
-/// (skips) the rest of the data and finishes, so that truncation is noticed.
-bool jpeg_box_rows(JpegReader* r, JDIMENSION y0, JDIMENSION rows, unsigned char* out, bool to_end) {
+/// Reads rows [y0, y0 + rows) into `out` (rows of the cropped width); with `last_row` (room
+/// for one row), also reads the rest of the data and finishes, so that truncation is noticed:
+/// all rows but the last are skipped (entropy-decoded), the last is read into `last_row`
+/// (jpeg_skip_scanlines to the very end reads no data at all).
+bool jpeg_box_rows(JpegReader* r, JDIMENSION y0, JDIMENSION rows, unsigned char* out,
+                   unsigned char* last_row) {
   if (setjmp(r->jump)) return false;
   if (y0 > 0 && jpeg_skip_scanlines(&r->cinfo, y0) != y0) {
     std::snprintf(r->message, sizeof(r->message), "could not skip to row %u", y0);
@@ -168,9 +171,10 @@ bool jpeg_box_rows(JpegReader* r, JDIMENSION y0, JDIMENSION rows, unsigned char*
     }
     done += n;
   }
-  if (to_end) {
+  if (last_row != nullptr) {
     const JDIMENSION rest = r->cinfo.output_height - r->cinfo.output_scanline;
-    if (rest > 0) jpeg_skip_scanlines(&r->cinfo, rest);
+    if (rest > 1) jpeg_skip_scanlines(&r->cinfo, rest - 1);
+    if (rest > 0) jpeg_read_scanlines(&r->cinfo, &last_row, 1);
     jpeg_finish_decompress(&r->cinfo);
   }
   return true;
@@ -238,8 +242,10 @@ DecodedBox decode_jpeg_box(std::span<const std::byte> bytes, const ImageDecodeLi
   // A file that does not end in EOI is read to its end: truncation is an error, as in the full
   // decode. Otherwise what lies below the box is never decoded.
   const bool ends_in_eoi = size >= 2 && data[size - 2] == 0xff && data[size - 1] == 0xd9;
+  std::vector<unsigned char> last_row(ends_in_eoi ? 0 : static_cast<std::size_t>(w) * 3);
   if (!jpeg_box_rows(&r, static_cast<JDIMENSION>(y0), static_cast<JDIMENSION>(y1 - y0),
-                     static_cast<unsigned char*>(out.pixels.data()), !ends_in_eoi))
+                     static_cast<unsigned char*>(out.pixels.data()),
+                     ends_in_eoi ? nullptr : last_row.data()))
     throw ImageError(std::string("bad JPEG data: ") + r.message);
   out.top = top - static_cast<double>(y0);
   out.left = left - static_cast<double>(x);
