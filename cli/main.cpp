@@ -3,7 +3,10 @@
 // in cli/cmd_NAME.cpp and defines `int flowstate::cli::cmd_NAME(std::span<const std::string>)`.
 // Errors are exceptions up to here, where they become `flowstate: error: ...` on stderr and an
 // exit status: 2 usage or configuration, 3 data, 4 checkpoint, 1 anything else.
+#include <malloc.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <span>
 #include <string>
@@ -73,7 +76,24 @@ int fail(int status, const std::string& message) {
 
 }  // namespace
 
+/// glibc's malloc serves blocks above its mmap threshold (128 kB at first, raised to the
+/// largest block freed) with fresh mappings, and gives memory at the top of a heap back to the
+/// kernel beyond its trim threshold: a pipeline whose samples are hundreds of kB (a decoded
+/// image, a float [3, 224, 224]) then faults in every sample's pages anew — a fifth of the
+/// image benchmark's CPU time (perf; bench/RESULTS.md, issue 24). The command keeps blocks up
+/// to 64 MB in its heaps and their pages mapped. Set before any thread starts; a
+/// GLIBC_TUNABLES setting from the environment wins (mallopt is skipped when one is given).
+void keep_sample_memory_mapped() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr &&
+      std::string_view(tunables).find("glibc.malloc.") != std::string_view::npos)
+    return;
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 int main(int argc, char** argv) {
+  keep_sample_memory_mapped();
   std::vector<std::string> args(argv + 1, argv + argc);
   // Options of the command itself come before the command's name.
   std::size_t first = 0;

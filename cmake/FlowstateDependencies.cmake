@@ -26,16 +26,21 @@ if(NOT XXHASH_FOUND)
   message(FATAL_ERROR "flowstate needs xxhash: install the Debian packages 'libxxhash-dev' and 'pkg-config'")
 endif()
 # SentencePiece (the tokenize node): Debian's libsentencepiece-dev ships a .pc file only.
-# Images (decode_image, flowstate gen images): JPEG through TurboJPEG, PNG through libpng.
+# Images (decode_image, flowstate gen images): JPEG through TurboJPEG, PNG through libpng; the
+# crop-only JPEG decode through libjpeg-turbo's libjpeg API (same library, libjpeg62-turbo-dev).
 if(PkgConfig_FOUND)
   pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
   pkg_check_modules(TURBOJPEG QUIET IMPORTED_TARGET libturbojpeg)
+  pkg_check_modules(LIBJPEG QUIET IMPORTED_TARGET libjpeg)
 endif()
 if(NOT SENTENCEPIECE_FOUND)
   message(FATAL_ERROR "flowstate needs SentencePiece: install the Debian packages 'libsentencepiece-dev' and 'pkg-config'")
 endif()
 if(NOT TURBOJPEG_FOUND)
   message(FATAL_ERROR "flowstate needs TurboJPEG: install the Debian packages 'libturbojpeg0-dev' and 'pkg-config'")
+endif()
+if(NOT LIBJPEG_FOUND)
+  message(FATAL_ERROR "flowstate needs libjpeg-turbo's libjpeg API: install the Debian packages 'libjpeg62-turbo-dev' and 'pkg-config'")
 endif()
 flowstate_require(PNG libpng-dev)
 # Remote sources (s3://, http(s)://): libcurl, whose SigV4 signs the S3 requests.

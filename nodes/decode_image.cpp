@@ -5,6 +5,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/nodes/filter.h"
 #include "flowstate/nodes/image_codec.h"
+#include "flowstate/nodes/image_transforms.h"
 
 namespace flowstate {
 
@@ -31,6 +32,34 @@ SampleFn decode_fn(const DecodeImageOptions& o) {
   };
 }
 
+/// The per-sample decode with the fused crop: the box drawn from the header's size by
+/// random_resized_crop's own function, from this node's record generator.
+SampleFn decode_crop_fn(const DecodeImageOptions& o) {
+  const auto [oh, ow] = image_size_hw(o.random_resized_crop);
+  return [field = field_id(o.field), name = o.field,
+          limits = ImageDecodeLimits{.max_pixels = o.max_pixels}, range = o.range(), oh = oh,
+          ow = ow, skip = o.on_error == BadImage::kSkip](Sample& s, MapContext& ctx) {
+    const Tensor* in = s.find(field);
+    if (in == nullptr)
+      throw DataError("", DataError::kNoOffset,
+                      "record " + s.ref.to_string() + " has no field '" + name + "'");
+    try {
+      const DecodedBox d = decode_image_box(
+          in->bytes(), limits,
+          [&](std::int64_t h, std::int64_t w) {
+            return random_resized_crop_box(h, w, range, ctx.rng);
+          },
+          oh, ow);
+      s.set(field, resize_box(d.pixels, d.top, d.left, d.height, d.width, oh, ow));
+    } catch (const ImageError& e) {
+      if (!skip)
+        throw DataError("", DataError::kNoOffset,
+                        "field '" + name + "' of record " + s.ref.to_string() + ": " + e.what());
+      s.set(field, Tensor(DType::kUInt8, Shape{0}));
+    }
+  };
+}
+
 }  // namespace
 
 const NodeDef& decode_image_node() {
@@ -40,7 +69,7 @@ const NodeDef& decode_image_node() {
        .doc = "decodes a JPEG or PNG field to uint8 [H, W, 3] (RGB), optionally downscaled "
               "while decoding; bad images are errors or skipped and counted"},
       [](BuildContext& ctx, const DecodeImageOptions& o) {
-        ctx.add_sample_map(decode_fn(o));
+        ctx.add_sample_map(o.random_resized_crop.empty() ? decode_fn(o) : decode_crop_fn(o));
         if (o.on_error != BadImage::kSkip) return;
         // Skipping decides in the spine, like a filter: batches stay full, resume stays exact.
         FilterFn decoded = [field = field_id(o.field)](const Sample& s, MapContext&) {

@@ -1,5 +1,9 @@
 #include "flowstate/nodes/image_codec.h"
 
+// clang-format off
+#include <cstdio>  // jpeglib.h needs FILE and size_t declared first
+#include <jpeglib.h>
+// clang-format on
 #include <png.h>
 #include <turbojpeg.h>
 
@@ -92,6 +96,161 @@ Tensor decode_jpeg(std::span<const std::byte> bytes, const ImageDecodeLimits& li
   if (tjDecompress2(tj, data, size, static_cast<unsigned char*>(out.data()), w, 0, h, TJPF_RGB,
                     TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0)
     instance.fail("bad JPEG data: ");
+  return out;
+}
+
+// ---- JPEG, crop-only (the libjpeg API) ----
+// libjpeg reports errors by longjmp, as libpng does: each function that calls into it sets its
+// jump target and holds no object with a destructor.
+
+struct JpegReader {
+  jpeg_decompress_struct cinfo{};
+  jpeg_error_mgr err{};
+  jpeg_progress_mgr progress{};
+  std::jmp_buf jump{};
+  char message[JMSG_LENGTH_MAX] = {};
+};
+
+void jpeg_on_error(j_common_ptr c) {
+  auto* r = reinterpret_cast<JpegReader*>(c->client_data);
+  (*c->err->format_message)(c, r->message);
+  std::longjmp(r->jump, 1);
+}
+
+/// A warning (level -1: truncated or corrupt data) is an error, as TJFLAG_STOPONWARNING makes it.
+void jpeg_on_message(j_common_ptr c, int level) {
+  if (level < 0) jpeg_on_error(c);
+}
+
+/// At most 500 progressive scans, as TJFLAG_LIMITSCANS.
+void jpeg_on_progress(j_common_ptr c) {
+  auto* d = reinterpret_cast<j_decompress_ptr>(c);
+  if (c->is_decompressor && d->input_scan_number > 500) {
+    auto* r = reinterpret_cast<JpegReader*>(c->client_data);
+    std::snprintf(r->message, sizeof(r->message), "progressive JPEG of more than 500 scans");
+    std::longjmp(r->jump, 1);
+  }
+}
+
+bool jpeg_box_header(JpegReader* r, const unsigned char* data, unsigned long size) {
+  if (setjmp(r->jump)) return false;
+  jpeg_mem_src(&r->cinfo, data, size);
+  jpeg_read_header(&r->cinfo, TRUE);
+  return true;
+}
+
+/// Starts the scaled decode and narrows it to columns [*x, *x + *w) (widened to iMCUs).
+bool jpeg_box_start(JpegReader* r, int scale_num, JDIMENSION* x, JDIMENSION* w) {
+  if (setjmp(r->jump)) return false;
+  r->cinfo.out_color_space = JCS_RGB;
+  r->cinfo.scale_num = static_cast<unsigned>(scale_num);
+  r->cinfo.scale_denom = 8;
+  jpeg_start_decompress(&r->cinfo);
+  if (*x != 0 || *w != r->cinfo.output_width) jpeg_crop_scanline(&r->cinfo, x, w);
+  return true;
+}
+
+/// Reads rows [y0, y0 + rows) into `out` (rows of the cropped width); with `last_row` (room
+/// for one row), also reads the rest of the data and finishes, so that truncation is noticed:
+/// all rows but the last are skipped (entropy-decoded), the last is read into `last_row`
+/// (jpeg_skip_scanlines to the very end reads no data at all).
+bool jpeg_box_rows(JpegReader* r, JDIMENSION y0, JDIMENSION rows, unsigned char* out,
+                   unsigned char* last_row) {
+  if (setjmp(r->jump)) return false;
+  if (y0 > 0 && jpeg_skip_scanlines(&r->cinfo, y0) != y0) {
+    std::snprintf(r->message, sizeof(r->message), "could not skip to row %u", y0);
+    return false;
+  }
+  const std::size_t stride = static_cast<std::size_t>(r->cinfo.output_width) * 3;
+  for (JDIMENSION done = 0; done < rows;) {
+    JSAMPROW row = out + done * stride;
+    const JDIMENSION n = jpeg_read_scanlines(&r->cinfo, &row, 1);
+    if (n == 0) {
+      std::snprintf(r->message, sizeof(r->message), "no data for row %u", y0 + done);
+      return false;
+    }
+    done += n;
+  }
+  if (last_row != nullptr) {
+    const JDIMENSION rest = r->cinfo.output_height - r->cinfo.output_scanline;
+    if (rest > 1) jpeg_skip_scanlines(&r->cinfo, rest - 1);
+    if (rest > 0) jpeg_read_scanlines(&r->cinfo, &last_row, 1);
+    jpeg_finish_decompress(&r->cinfo);
+  }
+  return true;
+}
+
+/// The smallest M in 1..8 keeping `box` at least `out` pixels at scale M/8 (8 when even the
+/// full size is smaller).
+int box_scale(std::int64_t box, std::int64_t out) {
+  for (int m = 1; m < 8; ++m)
+    if (box * m >= out * 8) return m;
+  return 8;
+}
+
+DecodedBox decode_jpeg_box(std::span<const std::byte> bytes, const ImageDecodeLimits& limits,
+                           const std::function<CropBox(std::int64_t, std::int64_t)>& pick,
+                           std::int64_t out_h, std::int64_t out_w) {
+  JpegReader r;
+  r.cinfo.err = jpeg_std_error(&r.err);
+  r.err.error_exit = jpeg_on_error;
+  r.err.emit_message = jpeg_on_message;
+  r.cinfo.client_data = &r;
+  jpeg_create_decompress(&r.cinfo);
+  struct Destroy {
+    j_decompress_ptr c;
+    ~Destroy() { jpeg_destroy_decompress(c); }
+  } destroy{&r.cinfo};
+  r.progress.progress_monitor = jpeg_on_progress;
+  r.cinfo.progress = &r.progress;
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto size = static_cast<unsigned long>(bytes.size());
+  if (!jpeg_box_header(&r, data, size))
+    throw ImageError(std::string("not a valid JPEG: ") + r.message);
+  const std::int64_t height = r.cinfo.image_height, width = r.cinfo.image_width;
+  check_dimensions(static_cast<std::uint64_t>(width), static_cast<std::uint64_t>(height), limits,
+                   "a JPEG");
+  if (r.cinfo.jpeg_color_space == JCS_CMYK || r.cinfo.jpeg_color_space == JCS_YCCK)
+    throw ImageError("a CMYK JPEG (only grayscale and colour JPEGs are read)");
+  const CropBox box = pick(height, width);
+  const int m = std::min(box_scale(box.height, out_h), box_scale(box.width, out_w));
+  // The box at scale m/8, and the scaled pixels it touches.
+  const double s = m / 8.0;
+  const double top = static_cast<double>(box.top) * s, left = static_cast<double>(box.left) * s;
+  const double bh = static_cast<double>(box.height) * s, bw = static_cast<double>(box.width) * s;
+  const auto sh = static_cast<std::int64_t>(std::ceil(static_cast<double>(height) * s));
+  const auto sw = static_cast<std::int64_t>(std::ceil(static_cast<double>(width) * s));
+  const std::int64_t y0 =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(std::floor(top)), 0, sh - 1);
+  const std::int64_t y1 =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(top + bh)), y0 + 1, sh);
+  // One more column each side: fancy upsampling of the chroma at a cropped region's edge
+  // columns lacks their outer neighbours, so those columns differ from the whole decode's.
+  const std::int64_t x0 =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(std::floor(left)) - 1, 0, sw - 1);
+  const std::int64_t x1 =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(left + bw)) + 1, x0 + 1, sw);
+  auto x = static_cast<JDIMENSION>(x0);
+  auto w = static_cast<JDIMENSION>(x1 - x0);
+  if (!jpeg_box_start(&r, m, &x, &w)) throw ImageError(std::string("bad JPEG data: ") + r.message);
+  if (static_cast<std::int64_t>(r.cinfo.output_height) != sh)
+    throw ImageError("libjpeg scaled " + std::to_string(height) + " rows to " +
+                     std::to_string(r.cinfo.output_height) + ", not " + std::to_string(sh));
+  DecodedBox out;
+  out.scale_num = m;
+  out.pixels = Tensor(DType::kUInt8, Shape{y1 - y0, static_cast<std::int64_t>(w), 3});
+  // A file that does not end in EOI is read to its end: truncation is an error, as in the full
+  // decode. Otherwise what lies below the box is never decoded.
+  const bool ends_in_eoi = size >= 2 && data[size - 2] == 0xff && data[size - 1] == 0xd9;
+  std::vector<unsigned char> last_row(ends_in_eoi ? 0 : static_cast<std::size_t>(w) * 3);
+  if (!jpeg_box_rows(&r, static_cast<JDIMENSION>(y0), static_cast<JDIMENSION>(y1 - y0),
+                     static_cast<unsigned char*>(out.pixels.data()),
+                     ends_in_eoi ? nullptr : last_row.data()))
+    throw ImageError(std::string("bad JPEG data: ") + r.message);
+  out.top = top - static_cast<double>(y0);
+  out.left = left - static_cast<double>(x);
+  out.height = bh;
+  out.width = bw;
   return out;
 }
 
@@ -202,6 +361,21 @@ Tensor decode_image_bytes(std::span<const std::byte> bytes, const ImageDecodeLim
   if (bytes.empty()) throw ImageError("not an image: 0 bytes");
   throw ImageError("not a JPEG or PNG image (" + std::to_string(bytes.size()) + " bytes starting " +
                    hex_prefix(bytes) + ")");
+}
+
+DecodedBox decode_image_box(std::span<const std::byte> bytes, const ImageDecodeLimits& limits,
+                            const std::function<CropBox(std::int64_t, std::int64_t)>& pick,
+                            std::int64_t out_h, std::int64_t out_w) {
+  if (sniff_image(bytes) == ImageFormat::kJpeg)
+    return decode_jpeg_box(bytes, limits, pick, out_h, out_w);
+  DecodedBox out;
+  out.pixels = decode_image_bytes(bytes, {.max_pixels = limits.max_pixels});
+  const CropBox box = pick(out.pixels.shape()[0], out.pixels.shape()[1]);
+  out.top = static_cast<double>(box.top);
+  out.left = static_cast<double>(box.left);
+  out.height = static_cast<double>(box.height);
+  out.width = static_cast<double>(box.width);
+  return out;
 }
 
 std::pair<int, int> jpeg_scaled_size(int height, int width, std::uint64_t min_size) {

@@ -17,10 +17,19 @@
 // full-size image) whose result keeps both sides at least `min_size` pixels; an image whose
 // sides are already below it is decoded at full size. PNG has no scaled decode: it is always
 // decoded at full size.
+//
+// Crop-only decoding (decode_image_box): a box chosen from the header's dimensions, and only
+// the part of a JPEG covering it decoded — libjpeg's jpeg_crop_scanline for the columns (to an
+// iMCU boundary), jpeg_skip_scanlines for the rows above it (their entropy data is read, no
+// IDCT), nothing below it — at the smallest scaling M/8 that keeps the box at least the
+// output size. A JPEG whose data ends in an EOI marker is not read past the box's last row (a
+// corrupt entropy segment below the box goes unnoticed); one that does not (a truncated file)
+// is read to its end, so truncation is refused as by the full decode.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -53,6 +62,29 @@ Tensor decode_image_bytes(std::span<const std::byte> bytes, const ImageDecodeLim
 /// The dimensions a JPEG with these header dimensions decodes to under `min_size` (see the
 /// file comment): {height, width}.
 std::pair<int, int> jpeg_scaled_size(int height, int width, std::uint64_t min_size);
+
+/// A box in pixels of an image: rows [top, top + height), columns [left, left + width).
+struct CropBox {
+  std::int64_t top = 0;
+  std::int64_t left = 0;
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+};
+
+/// The part of an image decode_image_box decoded, and where the box lies in it.
+struct DecodedBox {
+  Tensor pixels;  ///< uint8 [rows, columns, 3]: the box, and what the decode could not avoid
+  /// The box in `pixels`' coordinates: fractional when the decode was scaled.
+  double top = 0, left = 0, height = 0, width = 0;
+  int scale_num = 8;  ///< the JPEG scaling M/8 used (8: full size; PNG: always 8)
+};
+
+/// Decodes the box `pick(height, width)` chooses from the image's full dimensions (see the
+/// file comment), scaled so that the box stays at least out_h × out_w where it can. PNG decodes
+/// whole. Throws ImageError.
+DecodedBox decode_image_box(std::span<const std::byte> bytes, const ImageDecodeLimits& limits,
+                            const std::function<CropBox(std::int64_t, std::int64_t)>& pick,
+                            std::int64_t out_h, std::int64_t out_w);
 
 /// Encodes 8-bit RGB pixels (HWC, rows of width × 3 bytes) as a baseline JPEG with 4:2:0
 /// chroma subsampling at `quality` (1..100). Throws ImageError.

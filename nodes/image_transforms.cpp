@@ -34,17 +34,15 @@ const Tensor& image_of(const Sample& s, FieldId field, const std::string& name, 
 /// Python's round(): to nearest, ties to even (torchvision's crop arithmetic).
 std::int64_t round_even(double v) { return static_cast<std::int64_t>(std::nearbyint(v)); }
 
-/// A `size` row: one value (both sides, or the shorter side for resize) or [height, width].
-std::string check_size(const ParamValue& v) {
-  const auto& d = std::get<std::vector<std::int64_t>>(v);
-  if (d.empty() || d.size() > 2) return "must be one size or [height, width]";
-  for (auto x : d)
-    if (x < 1 || x > 65536) return "sides must be between 1 and 65536";
-  return "";
+/// A uniform double in [lo, hi) from the record's generator.
+double uniform(ElementRng& rng, double lo, double hi) {
+  return lo + (hi - lo) * (static_cast<double>(rng() >> 11) / 9007199254740992.0);
 }
 
+std::string check_size(const ParamValue& v) { return check_image_size(v); }
+
 std::pair<std::int64_t, std::int64_t> size_hw(const std::vector<std::int64_t>& size) {
-  return {size[0], size.size() == 2 ? size[1] : size[0]};
+  return image_size_hw(size);
 }
 
 /// The taps of a bilinear resampling of [begin, begin + length) to `out` values.
@@ -55,8 +53,11 @@ struct Taps {
   std::size_t stride = 0;
 };
 
-Taps make_taps(std::int64_t begin, std::int64_t length, std::int64_t out) {
-  const double scale = static_cast<double>(length) / static_cast<double>(out);
+/// The taps of a bilinear resampling of the span [begin, begin + length) (fractional values
+/// allowed) to `out` values, clamped to the pixels [first, end).
+Taps make_taps(double begin, double length, std::int64_t first, std::int64_t end,
+               std::int64_t out) {
+  const double scale = length / static_cast<double>(out);
   const double filter_scale = std::max(scale, 1.0);
   const double support = filter_scale;  // the triangle's support is 1, widened when shrinking
   Taps t;
@@ -64,11 +65,10 @@ Taps make_taps(std::int64_t begin, std::int64_t length, std::int64_t out) {
   t.first.resize(static_cast<std::size_t>(out));
   t.count.resize(static_cast<std::size_t>(out));
   t.weights.assign(static_cast<std::size_t>(out) * t.stride, 0.0f);
-  const std::int64_t end = begin + length;
   for (std::int64_t i = 0; i < out; ++i) {
-    const double center = static_cast<double>(begin) + (static_cast<double>(i) + 0.5) * scale;
+    const double center = begin + (static_cast<double>(i) + 0.5) * scale;
     const std::int64_t lo =
-        std::max(begin, static_cast<std::int64_t>(std::floor(center - support + 0.5)));
+        std::max(first, static_cast<std::int64_t>(std::floor(center - support + 0.5)));
     const std::int64_t hi =
         std::min(end, static_cast<std::int64_t>(std::floor(center + support + 0.5)));
     const auto n = static_cast<std::size_t>(std::max<std::int64_t>(hi - lo, 1));
@@ -183,77 +183,23 @@ TransformSchema center_crop_transform() {
 struct RandomResizedCropOptions {
   std::string field = "jpg";
   std::vector<std::int64_t> size;
-  double scale_min = 0.08;
-  double scale_max = 1.0;
-  double ratio_min = 3.0 / 4.0;
-  double ratio_max = 4.0 / 3.0;
+  double scale_min = CropRange{}.scale_min;
+  double scale_max = CropRange{}.scale_max;
+  double ratio_min = CropRange{}.ratio_min;
+  double ratio_max = CropRange{}.ratio_max;
   static constexpr auto table() {
     using O = RandomResizedCropOptions;
-    return std::tuple{
-        param("field", &O::field, {.doc = "the image field, read and replaced"}),
-        param("size", &O::size,
-              {.required = true,
-               .doc = "output [height, width], or one value for both",
-               .check = check_size}),
-        param("scale_min", &O::scale_min,
-              {.min = 0, .max = 1, .doc = "smallest fraction of the area cropped"}),
-        param("scale_max", &O::scale_max,
-              {.min = 0, .max = 1, .doc = "largest fraction of the area cropped"}),
-        param("ratio_min", &O::ratio_min,
-              {.min = 1e-6, .max = 1e6, .doc = "smallest aspect ratio (width / height)"}),
-        param("ratio_max", &O::ratio_max,
-              {.min = 1e-6, .max = 1e6, .doc = "largest aspect ratio (width / height)"})};
+    return std::tuple_cat(
+        std::tuple{param("field", &O::field, {.doc = "the image field, read and replaced"}),
+                   param("size", &O::size,
+                         {.required = true,
+                          .doc = "output [height, width], or one value for both",
+                          .check = check_size})},
+        crop_range_params<O>());
   }
-  void validate() const {
-    if (scale_min > scale_max)
-      throw ConfigError("scale_min", "scale_min (" + std::to_string(scale_min) +
-                                         ") is greater than scale_max (" +
-                                         std::to_string(scale_max) + ")");
-    if (ratio_min > ratio_max)
-      throw ConfigError("ratio_min", "ratio_min (" + std::to_string(ratio_min) +
-                                         ") is greater than ratio_max (" +
-                                         std::to_string(ratio_max) + ")");
-  }
+  CropRange range() const { return {scale_min, scale_max, ratio_min, ratio_max}; }
+  void validate() const { validate_crop_range(range()); }
 };
-
-/// A uniform double in [lo, hi) from the record's generator.
-double uniform(ElementRng& rng, double lo, double hi) {
-  return lo + (hi - lo) * (static_cast<double>(rng() >> 11) / 9007199254740992.0);
-}
-
-struct Crop {
-  std::int64_t top, left, height, width;
-};
-
-/// torchvision's RandomResizedCrop.get_params, drawing from `rng`.
-Crop random_resized_crop_box(std::int64_t h, std::int64_t w, const RandomResizedCropOptions& o,
-                             ElementRng& rng) {
-  const double area = static_cast<double>(h) * static_cast<double>(w);
-  const double log_lo = std::log(o.ratio_min), log_hi = std::log(o.ratio_max);
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    const double target = area * uniform(rng, o.scale_min, o.scale_max);
-    const double aspect = std::exp(uniform(rng, log_lo, log_hi));
-    const std::int64_t cw = round_even(std::sqrt(target * aspect));
-    const std::int64_t ch = round_even(std::sqrt(target / aspect));
-    if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
-      const auto top = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(h - ch + 1)));
-      const auto left =
-          static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(w - cw + 1)));
-      return {top, left, ch, cw};
-    }
-  }
-  // The fallback: the centre crop of the whole image with its ratio clamped to the range.
-  const double in_ratio = static_cast<double>(w) / static_cast<double>(h);
-  std::int64_t cw = w, ch = h;
-  if (in_ratio < o.ratio_min) {
-    ch = std::max<std::int64_t>(1, round_even(static_cast<double>(w) / o.ratio_min));
-  } else if (in_ratio > o.ratio_max) {
-    cw = std::max<std::int64_t>(1, round_even(static_cast<double>(h) * o.ratio_max));
-  }
-  ch = std::min(ch, h);
-  cw = std::min(cw, w);
-  return {(h - ch) / 2, (w - cw) / 2, ch, cw};
-}
 
 TransformSchema random_resized_crop_transform() {
   return define_transform<RandomResizedCropOptions>(
@@ -263,7 +209,8 @@ TransformSchema random_resized_crop_transform() {
         const auto [oh, ow] = size_hw(o.size);
         return [o, oh, ow, id = field_id(o.field), p](Sample& s, MapContext& ctx) {
           const Tensor& in = image_of(s, id, o.field, p);
-          const Crop c = random_resized_crop_box(in.shape()[0], in.shape()[1], o, ctx.rng);
+          const CropBox c =
+              random_resized_crop_box(in.shape()[0], in.shape()[1], o.range(), ctx.rng);
           s.set(id, resize_region(in, c.top, c.left, c.height, c.width, oh, ow));
         };
       });
@@ -395,14 +342,80 @@ TransformSchema normalize_image_transform() {
 
 }  // namespace
 
+std::string check_image_size(const ParamValue& v) {
+  const auto& d = std::get<std::vector<std::int64_t>>(v);
+  if (d.empty() || d.size() > 2) return "must be one size or [height, width]";
+  for (auto x : d)
+    if (x < 1 || x > 65536) return "sides must be between 1 and 65536";
+  return "";
+}
+
+std::pair<std::int64_t, std::int64_t> image_size_hw(const std::vector<std::int64_t>& size) {
+  return {size[0], size.size() == 2 ? size[1] : size[0]};
+}
+
+void validate_crop_range(const CropRange& r) {
+  if (r.scale_min > r.scale_max)
+    throw ConfigError("scale_min", "scale_min (" + std::to_string(r.scale_min) +
+                                       ") is greater than scale_max (" +
+                                       std::to_string(r.scale_max) + ")");
+  if (r.ratio_min > r.ratio_max)
+    throw ConfigError("ratio_min", "ratio_min (" + std::to_string(r.ratio_min) +
+                                       ") is greater than ratio_max (" +
+                                       std::to_string(r.ratio_max) + ")");
+}
+
+CropBox random_resized_crop_box(std::int64_t h, std::int64_t w, const CropRange& o,
+                                ElementRng& rng) {
+  const double area = static_cast<double>(h) * static_cast<double>(w);
+  const double log_lo = std::log(o.ratio_min), log_hi = std::log(o.ratio_max);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target = area * uniform(rng, o.scale_min, o.scale_max);
+    const double aspect = std::exp(uniform(rng, log_lo, log_hi));
+    const std::int64_t cw = round_even(std::sqrt(target * aspect));
+    const std::int64_t ch = round_even(std::sqrt(target / aspect));
+    if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
+      const auto top = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(h - ch + 1)));
+      const auto left =
+          static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(w - cw + 1)));
+      return {top, left, ch, cw};
+    }
+  }
+  // The fallback: the centre crop of the whole image with its ratio clamped to the range.
+  const double in_ratio = static_cast<double>(w) / static_cast<double>(h);
+  std::int64_t cw = w, ch = h;
+  if (in_ratio < o.ratio_min) {
+    ch = std::max<std::int64_t>(1, round_even(static_cast<double>(w) / o.ratio_min));
+  } else if (in_ratio > o.ratio_max) {
+    cw = std::max<std::int64_t>(1, round_even(static_cast<double>(h) * o.ratio_max));
+  }
+  ch = std::min(ch, h);
+  cw = std::min(cw, w);
+  return {(h - ch) / 2, (w - cw) / 2, ch, cw};
+}
+
 Tensor resize_region(const Tensor& in, std::int64_t top, std::int64_t left, std::int64_t height,
                      std::int64_t width, std::int64_t out_h, std::int64_t out_w) {
-  const std::int64_t w = in.shape()[1], c = in.shape()[2];
+  return resize_box(in, static_cast<double>(top), static_cast<double>(left),
+                    static_cast<double>(height), static_cast<double>(width), out_h, out_w);
+}
+
+Tensor resize_box(const Tensor& in, double top_f, double left_f, double height_f, double width_f,
+                  std::int64_t out_h, std::int64_t out_w) {
+  const std::int64_t h = in.shape()[0], w = in.shape()[1], c = in.shape()[2];
   const auto* src = static_cast<const std::uint8_t*>(in.data());
   Tensor out(DType::kUInt8, Shape{out_h, out_w, c});
   auto* dst = static_cast<std::uint8_t*>(out.data());
-  const Taps tx = make_taps(left, width, out_w);
-  const Taps ty = make_taps(top, height, out_h);
+  // The pixels the region touches, within the image.
+  auto pixel = [](double v, std::int64_t lo, std::int64_t hi, bool up) {
+    return std::clamp(static_cast<std::int64_t>(up ? std::ceil(v) : std::floor(v)), lo, hi);
+  };
+  const std::int64_t x0 = pixel(left_f, 0, w - 1, false);
+  const std::int64_t x1 = pixel(left_f + width_f, x0 + 1, w, true);
+  const std::int64_t top = pixel(top_f, 0, h - 1, false);
+  const std::int64_t height = pixel(top_f + height_f, top + 1, h, true) - top;
+  const Taps tx = make_taps(left_f, width_f, x0, x1, out_w);
+  const Taps ty = make_taps(top_f, height_f, top, top + height, out_h);
   // Horizontal pass over the rows the vertical taps read: [height, out_w, c] floats.
   const auto row = static_cast<std::size_t>(out_w * c);
   // The intermediate rows (about a megabyte for an ImageNet crop) are a per-thread scratch

@@ -15,7 +15,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config git
       libtbb-dev libcereal-dev libyaml-cpp-dev nlohmann-json3-dev
       libxxhash-dev libsimdjson-dev libdlpack-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libsentencepiece-dev sentencepiece python3-sentencepiece libturbojpeg0-dev libpng-dev
+      libsentencepiece-dev sentencepiece python3-sentencepiece libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
       clang libclang-rt-14-dev libfuzzer-14-dev clang-format
       openmpi-bin libopenmpi-dev
       pybind11-dev python3-dev python3-pytest python3-numpy python3-torch python3-venv

@@ -124,6 +124,56 @@ TEST(Examples, ImageClassificationResumesExactlyWithAnotherWorkerCount) {
   EXPECT_EQ(resumed, all);
 }
 
+TEST(Examples, ImageClassificationResumesAfterSigkillWithAnotherWorkerCount) {
+  // The example as its comment says, killed mid-run (SIGKILL: no final checkpoint) with 2
+  // workers and resumed with 1: every step equals the uninterrupted run's, none lost.
+  TempDir dir;
+  fs::copy_file(fs::path(testing::source_dir()) / "examples/pipelines/image_classification.yaml",
+                dir / "image_classification.yaml");
+  CliResult r = run_cli({"gen", "images", "--out", "data", "--samples", "80", "--shards", "2",
+                         "--min-side", "200", "--max-side", "400"},
+                        dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Epochs 0: the run cannot end by itself; batches of 8 and a checkpoint every 2 steps.
+  const std::vector<std::string> common{"run",
+                                        "image_classification.yaml",
+                                        "--epochs",
+                                        "0",
+                                        "--set",
+                                        "nodes[5].batch.size=8",
+                                        "--checkpoint-dir",
+                                        "ck",
+                                        "--checkpoint-every",
+                                        "2",
+                                        "--digests",
+                                        "int.txt"};
+  std::vector<std::string> first = common;
+  first.insert(first.end(), {"--workers", "2"});
+  CliProcess p(first, dir.str());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (read_lines(dir / "int.txt").size() < 7) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress in int.txt";
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  p.signal(SIGKILL);
+  ASSERT_EQ(p.wait().status, 128 + SIGKILL);
+  const std::uint64_t killed_at = read_lines(dir / "int.txt").size();
+  const std::string steps = std::to_string(killed_at + 12);  // on into the next epoch
+  std::vector<std::string> resume = common;
+  resume.insert(resume.end(), {"--workers", "1", "--resume", "--steps", steps});
+  r = run_cli(resume, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("flowstate: resumed from ck/step-"), std::string::npos) << r.err;
+  r = run_cli(
+      {"run", "image_classification.yaml", "--epochs", "0", "--set", "nodes[5].batch.size=8",
+       "--steps", steps, "--checkpoint-dir", "ref", "--digests", "ref.txt"},
+      dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto ref = read_lines(dir / "ref.txt");
+  ASSERT_EQ(ref.size(), killed_at + 12);
+  EXPECT_EQ(by_step(read_lines(dir / "int.txt")), ref);
+}
+
 TEST(Examples, LlmTokensDeliversUint16Tokens) {
   TempDir dir;
   fs::copy_file(fs::path(testing::source_dir()) / "examples/pipelines/llm_tokens.yaml",

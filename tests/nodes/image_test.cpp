@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <set>
 
 #include "flowstate/config/inspect.h"
@@ -115,6 +117,140 @@ TEST(ImageCodec, RefusesBadImagesWithTheirReason) {
   const std::string png_signature = "\x89PNG\r\n\x1a\n";
   EXPECT_THAT(decode_error(png_signature + "garbage"), HasSubstr("not a valid PNG"));
   EXPECT_THAT(decode_error(png_signature), HasSubstr("truncated PNG data"));
+}
+
+// ---- crop-only decoding ----
+
+/// The box decode at scale m/8 of `box`: out sizes that make decode_image_box pick exactly m.
+DecodedBox box_at_scale(const std::string& jpeg, CropBox box, int m) {
+  const std::int64_t oh = box.height * m / 8, ow = box.width * m / 8;
+  DecodedBox d = decode_image_box(
+      as_bytes(jpeg), {}, [&](std::int64_t, std::int64_t) { return box; }, oh, ow);
+  EXPECT_EQ(d.scale_num, m);
+  return d;
+}
+
+TEST(ImageCodec, ACropDecodeEqualsTheWholeScaledDecodeInsideTheBox) {
+  // libjpeg's skip and crop change nothing inside the box: the rows and columns decoded equal
+  // those of the whole image decoded at the same scale, for every scale and many boxes.
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    RgbImage img = synthetic_image(7, i, 300, 500);
+    const std::string jpeg = encode_jpeg(img.pixels, img.width, img.height, 90);
+    ElementRng rng(1, i);
+    for (int m = 1; m <= 8; ++m) {
+      const DecodedBox whole = box_at_scale(jpeg, {0, 0, img.height, img.width}, m);
+      ASSERT_EQ(whole.pixels.shape()[0], (img.height * m + 7) / 8);
+      const std::int64_t ww = whole.pixels.shape()[1];
+      for (int k = 0; k < 6; ++k) {
+        CropBox box;
+        box.height =
+            64 + static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(img.height - 64)));
+        box.width =
+            64 + static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(img.width - 64)));
+        box.top = static_cast<std::int64_t>(
+            rng.below(static_cast<std::uint64_t>(img.height - box.height + 1)));
+        box.left = static_cast<std::int64_t>(
+            rng.below(static_cast<std::uint64_t>(img.width - box.width + 1)));
+        const DecodedBox d = box_at_scale(jpeg, box, m);
+        const double s = m / 8.0;
+        EXPECT_DOUBLE_EQ(d.height, static_cast<double>(box.height) * s);
+        const auto y0 =
+            static_cast<std::int64_t>(std::llround(static_cast<double>(box.top) * s - d.top));
+        const auto x0 =
+            static_cast<std::int64_t>(std::llround(static_cast<double>(box.left) * s - d.left));
+        // The decoded part covers the box.
+        ASSERT_GE(d.top, 0.0);
+        ASSERT_GE(d.left, 0.0);
+        ASSERT_LE(d.top + d.height, static_cast<double>(d.pixels.shape()[0]) + 1e-9);
+        ASSERT_LE(d.left + d.width, static_cast<double>(d.pixels.shape()[1]) + 1e-9);
+        const auto* a = static_cast<const std::uint8_t*>(d.pixels.data());
+        const auto* b = static_cast<const std::uint8_t*>(whole.pixels.data());
+        const std::int64_t rw = d.pixels.shape()[1];
+        // Every pixel the box touches equals the whole decode's.
+        std::int64_t differ = 0;
+        const auto ty = static_cast<std::int64_t>(std::floor(d.top));
+        const auto tx = static_cast<std::int64_t>(std::floor(d.left));
+        const auto ey = static_cast<std::int64_t>(std::ceil(d.top + d.height));
+        const auto ex = static_cast<std::int64_t>(std::ceil(d.left + d.width));
+        for (std::int64_t y = ty; y < ey; ++y)
+          differ += std::memcmp(a + (y * rw + tx) * 3, b + ((y0 + y) * ww + x0 + tx) * 3,
+                                static_cast<std::size_t>((ex - tx) * 3)) != 0;
+        EXPECT_EQ(differ, 0) << "image " << i << " scale " << m << "/8 box " << box.top << ","
+                             << box.left << " " << box.height << "x" << box.width;
+      }
+    }
+  }
+}
+
+TEST(ImageCodec, ACropDecodeDiffersFromDecodingWholeThenCroppingOnlyByTheScaledIdct) {
+  // The fused crop (the box decoded at M/8, then resized to 224) against the reference (the
+  // whole image decoded at full size, the box cropped and resized to 224): the pixel
+  // difference docs/DECISIONS.md quotes. 300-800 px images, torchvision's default ranges.
+  double sum = 0, count = 0, worst_mean = 0;
+  int worst = 0;
+  std::map<int, int> scales;
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    RgbImage img = synthetic_image(9, i, 300, 800);
+    const std::string jpeg = encode_jpeg(img.pixels, img.width, img.height, 90);
+    ElementRng rng(3, i);
+    CropBox box;
+    const DecodedBox d = decode_image_box(
+        as_bytes(jpeg), {},
+        [&](std::int64_t h, std::int64_t w) {
+          return box = random_resized_crop_box(h, w, CropRange{}, rng);
+        },
+        224, 224);
+    ++scales[d.scale_num];
+    const Tensor fused = resize_box(d.pixels, d.top, d.left, d.height, d.width, 224, 224);
+    const Tensor reference = resize_region(decode_image_bytes(as_bytes(jpeg), {}), box.top,
+                                           box.left, box.height, box.width, 224, 224);
+    const auto f = fused.values<std::uint8_t>();
+    const auto r = reference.values<std::uint8_t>();
+    double image_sum = 0;
+    for (std::size_t k = 0; k < f.size(); ++k) {
+      const int diff = std::abs(static_cast<int>(f[k]) - static_cast<int>(r[k]));
+      image_sum += diff;
+      worst = std::max(worst, diff);
+    }
+    sum += image_sum;
+    count += static_cast<double>(f.size());
+    worst_mean = std::max(worst_mean, image_sum / static_cast<double>(f.size()));
+  }
+  std::string used;
+  for (auto [m, n] : scales) used += " " + std::to_string(m) + "/8: " + std::to_string(n);
+  std::cout << "fused crop vs whole decode + crop: mean |diff| " << sum / count
+            << ", worst image mean " << worst_mean << ", max " << worst << "; scales" << used
+            << "\n";
+  EXPECT_GT(scales.size(), 1u);  // the boxes were decoded at several scales
+  EXPECT_LT(sum / count, 1.5);
+  EXPECT_LT(worst_mean, 3.0);
+}
+
+TEST(ImageCodec, ACropDecodeRefusesBadImagesAsTheWholeDecodeDoes) {
+  const RgbImage img = synthetic_image(3, 1, 200, 300);
+  const std::string jpeg = encode_jpeg(img.pixels, img.width, img.height, 90);
+  auto error = [](const std::string& bytes) -> std::string {
+    try {
+      decode_image_box(
+          as_bytes(bytes), {},
+          [](std::int64_t h, std::int64_t w) {
+            return CropBox{0, 0, std::min<std::int64_t>(h, 16), std::min<std::int64_t>(w, 16)};
+          },
+          16, 16);
+    } catch (const ImageError& e) {
+      return e.what();
+    }
+    return "(decoded)";
+  };
+  EXPECT_EQ(error(jpeg), "(decoded)");
+  // Truncated below the box (the box is the top-left corner): still refused.
+  EXPECT_THAT(error(jpeg.substr(0, jpeg.size() * 3 / 4)), HasSubstr("bad JPEG data"));
+  EXPECT_THAT(error(jpeg.substr(0, 40)), HasSubstr("JPEG"));
+  EXPECT_THAT(error(with_dims(jpeg, 0, 0)), HasSubstr("not a valid JPEG"));
+  EXPECT_EQ(error(with_dims(jpeg, 30000, 30000)),
+            "a JPEG of 30000x30000 pixels exceeds max_pixels (100000000)");
+  EXPECT_THAT(error("<html>hello</html>"), HasSubstr("not a JPEG or PNG image"));
+  EXPECT_EQ(error(jpeg), "(decoded)");
 }
 
 // ---- the node in pipelines ----
@@ -255,6 +391,114 @@ TEST(DecodeImage, RefusesBadOptionsAtBuildTime) {
     EXPECT_THAT(e.what(), HasSubstr("on_error"));
     EXPECT_THAT(e.what(), HasSubstr("error, skip"));
   }
+}
+
+// ---- bad images in the node ----
+
+/// A tar of `n` small JPEGs where the samples in `replace` hold the given bytes instead.
+std::string write_tar_with(const TempDir& dir, std::uint64_t n,
+                           const std::map<std::uint64_t, std::string>& replace) {
+  std::string tar;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof(key), "%06llu", static_cast<unsigned long long>(i));
+    auto it = replace.find(i);
+    append_tar_member(tar, std::string(key) + ".jpg",
+                      it != replace.end() ? it->second : small_jpeg(i));
+    append_tar_member(tar, std::string(key) + ".cls", std::to_string(i % 10));
+  }
+  append_tar_end(tar);
+  const std::string path = dir / "bad.tar";
+  std::ofstream(path, std::ios::binary).write(tar.data(), static_cast<std::streamsize>(tar.size()));
+  return path;
+}
+
+/// The bad images issue 24 names, with what their error says.
+std::vector<std::pair<std::string, std::string>> bad_images() {
+  const std::string jpeg = small_jpeg(2);
+  return {{jpeg.substr(0, jpeg.size() / 2), "bad JPEG data"},
+          {"not an image", "not a JPEG or PNG image (12 bytes"},
+          {with_dims(jpeg, 0, 0), "not a valid JPEG"},
+          {with_dims(jpeg, 30000, 30000), "a JPEG of 30000x30000 pixels exceeds max_pixels"}};
+}
+
+std::string decode_yaml(const std::string& tar, const std::string& decode) {
+  return "seed: 11\nsource: {type: tar, paths: \"" + tar +
+         "\", fields: [jpg, cls]}\nnodes:\n  - decode_image: " + decode +
+         "\n  - map: {fn: center_crop, size: 8}\n  - map: {fn: parse_int, field: cls}\n"
+         "  - batch: {size: 3}\n";
+}
+
+TEST(DecodeImage, EachKindOfBadImageIsADataErrorOrSkippedAndCounted) {
+  const std::vector<std::string> decodes = {"{min_size: 20", "{random_resized_crop: [16, 20]"};
+  for (const auto& [bytes, reason] : bad_images())
+    for (const auto& decode : decodes) {
+      SCOPED_TRACE(reason + " / " + decode);
+      TempDir dir;
+      const std::string tar = write_tar_with(dir, 7, {{3, bytes}});
+      try {
+        Loader l(from_yaml_string(decode_yaml(tar, decode + "}")), {.epochs = 1});
+        while (l.next()) {
+        }
+        ADD_FAILURE() << "no error";
+      } catch (const DataError& e) {
+        EXPECT_THAT(e.what(),
+                    HasSubstr("node 'decode_image': field 'jpg' of record 0:3: " + reason));
+      }
+      Loader l(from_yaml_string(decode_yaml(tar, decode + ", on_error: skip}")), {.epochs = 1});
+      std::set<std::uint64_t> seen;
+      while (auto b = l.next())
+        for (const Ref& r : b->info.refs) seen.insert(r.index);
+      EXPECT_EQ(seen, (std::set<std::uint64_t>{0, 1, 2, 4, 5, 6}));
+      const std::string state = describe_state(l.state(), StateSource{});
+      EXPECT_THAT(state, ::testing::ContainsRegex("\"dropped\": ?1[,}]")) << state;
+    }
+}
+
+// ---- the fused crop ----
+
+TEST(DecodeImage, TheFusedCropMakesImagesOfItsSizeAndResumesExactly) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 14, {5});
+  auto yaml = [&](const std::string& on_error) {
+    return "seed: 11\nsource: {type: tar, paths: \"" + tar +
+           "\", fields: [jpg, cls]}\nnodes:\n  - shuffle: {mode: global}\n"
+           "  - decode_image: {random_resized_crop: [16, 20], scale_min: 0.3, on_error: " +
+           on_error +
+           "}\n  - map: {fn: flip}\n  - map: {fn: normalize_image}\n"
+           "  - map: {fn: parse_int, field: cls}\n  - batch: {size: 4}\n";
+  };
+  Loader l(from_yaml_string(yaml("skip")), {.epochs = 1});
+  std::size_t samples = 0;
+  while (auto b = l.next()) {
+    EXPECT_EQ((*b)["jpg"].shape(),
+              (Shape{static_cast<std::int64_t>(b->info.num_samples), 3, 16, 20}));
+    samples += b->info.num_samples;
+  }
+  EXPECT_EQ(samples, 13u);
+  auto make = [&] { return from_yaml_string(yaml("skip")); };
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 2}, {.epochs = 2, .workers = 1});
+}
+
+TEST(DecodeImage, TheFusedCropsOptionsAreChecked) {
+  auto error = [](const std::string& decode) -> std::string {
+    try {
+      from_yaml_string(
+          "source: {type: records, paths: x, record_bytes: 8}\nnodes:\n"
+          "  - decode_image: " +
+          decode + "\n  - batch: {size: 1}\n");
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(built)";
+  };
+  EXPECT_THAT(error("{random_resized_crop: 224, min_size: 224}"),
+              HasSubstr("min_size and random_resized_crop cannot both be set"));
+  EXPECT_THAT(error("{random_resized_crop: 224, scale_min: 0.9, scale_max: 0.5}"),
+              HasSubstr("scale_min (0.900000) is greater than scale_max (0.500000)"));
+  EXPECT_THAT(error("{random_resized_crop: [0]}"), HasSubstr("sides must be between 1 and 65536"));
+  EXPECT_THAT(error("{random_resized_crop: [1, 2, 3]}"), HasSubstr("one size or [height, width]"));
 }
 
 // ---- transforms ----

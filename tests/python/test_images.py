@@ -2,7 +2,9 @@
 JPEG or PNG decoded by both), the builder form, and resume across worker counts."""
 import io
 import os
+import signal
 import subprocess
+import sys
 import tarfile
 
 import flowstate
@@ -135,3 +137,69 @@ def test_augmented_batches_resume_exactly_across_worker_counts(tmp_path, cli):
     got = first + rest
     assert [g[0] for g in got] == [w[0] for w in whole]
     assert all(g[1].equal(w[1]) and g[2].equal(w[2]) for g, w in zip(got, whole))
+
+
+EXAMPLE = (os.path.dirname(os.path.abspath(__file__))
+           + "/../../examples/pipelines/image_classification.yaml")
+
+# A training-loop stand-in over the image example: a digest line per batch, the loader's state
+# saved after every batch from --save-from on, and a SIGKILL one batch after the save numbered
+# --kill-after (so the resumed run repeats that batch).
+KILLED_LOADER = r"""
+import hashlib, os, signal, sys
+import flowstate
+yaml, workers, digests, state, kill_after = sys.argv[1:6]
+workers, kill_after = int(workers), int(kill_after)
+loader = flowstate.Loader(flowstate.Pipeline.from_yaml(yaml, overrides={"batch.size": 8}),
+                          epochs=1, workers=workers)
+if os.path.exists(state):
+    with open(state, "rb") as f:
+        loader.load_state(f.read())
+saves = 0
+with open(digests, "a") as out:
+    for b in loader:
+        h = hashlib.sha256(b["jpg"].numpy().tobytes() + b["cls"].numpy().tobytes()).hexdigest()
+        out.write(f"{b.info.step} {h}\n")
+        out.flush()
+        if saves == kill_after and kill_after > 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kill_after > 0:
+            with open(state + ".tmp", "wb") as f:
+                f.write(loader.state())
+            os.replace(state + ".tmp", state)
+            saves += 1
+"""
+
+
+def test_the_image_example_resumes_after_sigkill_with_another_worker_count(tmp_path, cli):
+    subprocess.run([cli, "gen", "images", "--out", str(tmp_path / "data"), "--samples", "60",
+                    "--shards", "2", "--min-side", "200", "--max-side", "400"], check=True,
+                   capture_output=True)
+    yaml = tmp_path / "image_classification.yaml"
+    yaml.write_text(open(EXAMPLE).read())
+    script = tmp_path / "loop.py"
+    script.write_text(KILLED_LOADER)
+
+    env = os.environ.copy()  # the flowstate package this test imported, from any directory
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(flowstate.__file__)))]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+
+    def loop(workers, digests, kill_after, state="state.bin"):
+        return subprocess.run([sys.executable, str(script), str(yaml), str(workers),
+                               str(tmp_path / digests), str(tmp_path / state), str(kill_after)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    run = loop(2, "whole.txt", 0, "none.bin")
+    assert run.returncode == 0, run.stderr
+    whole = (tmp_path / "whole.txt").read_text().splitlines()
+    assert len(whole) == 8  # 60 images, batches of 8 (the last of 4)
+    run = loop(2, "killed.txt", 3)  # killed mid-epoch, one batch after the 3rd save
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    killed = (tmp_path / "killed.txt").read_text().splitlines()
+    assert len(killed) == 4
+    run = loop(1, "killed.txt", 0)  # resumed from the 3rd save with 1 worker, to the end
+    assert run.returncode == 0, run.stderr
+    got = (tmp_path / "killed.txt").read_text().splitlines()
+    assert got[3] == got[4]  # the batch after the last save, made again
+    assert got[:4] + got[5:] == whole
