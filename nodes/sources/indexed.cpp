@@ -183,6 +183,7 @@ IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint
       options_(std::move(options)),
       field_(field_id(options_.field)) {
   validate_fields(options_, "indexed");
+  set_verify(options_.verify);
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
     auto f = std::make_unique<IndexedFile>(named.path);
     if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())
