@@ -10,6 +10,7 @@
 #include <array>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <cereal/types/string.hpp>
 
 #include "flowstate/core/error.h"
+#include "flowstate/core/state_blob.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/options.h"
@@ -70,7 +72,11 @@ inline constexpr const char* kVerifyDoc =
 /// The `verify` row of a file source's options table (`O::verify`, a FileVerify).
 template <class O>
 constexpr auto verify_param() {
-  return param("verify", &O::verify, {.free = true, .doc = kVerifyDoc});
+  // Described only when not the default: a pipeline's description reads as before.
+  return param("verify", &O::verify,
+               {.free = true, .doc = kVerifyDoc, .describe_if = [](const O& o) {
+                  return o.verify != FileVerify::kSampled;
+                }});
 }
 
 /// One data file as a checkpoint records it.
@@ -154,9 +160,13 @@ std::vector<std::string> identity_differences(const DataIdentity& saved, const D
 /// A file source's state: the cursor, and the identity of its data, shared by every snapshot
 /// (a snapshot per batch is a reference count, not a copy).
 ///
-/// On disk it is a CursorState (version 1, the whole state before data identity), then a
-/// byte 1 and the DataIdentity. A state that ends after its CursorState — written before
-/// identities were recorded — restores with no identity, so nothing is compared.
+/// On disk it is a CursorState (version 1, the whole state before data identity), then a byte
+/// saying what follows: 2 and the DataIdentity as a state blob (core/state_blob.h: a string
+/// holding a marker, the size and XXH3-64 of the payload, and the payload, the DataIdentity's
+/// own archive), which a checkpoint directory stores once for all its steps; or 1 and the
+/// DataIdentity inline (written before issue 23; still read). A state that ends after its
+/// CursorState — written before identities were recorded — restores with no identity, so
+/// nothing is compared.
 struct FileSourceState {
   std::uint64_t epoch = 0;
   std::uint64_t cursor = 0;                      ///< Refs emitted in this epoch
@@ -164,7 +174,13 @@ struct FileSourceState {
   template <class Archive>
   void save(Archive& ar) const {
     ar(CursorState{epoch, cursor});
-    if (identity) ar(std::uint8_t{1}, *identity);
+    if (!identity) return;
+    std::ostringstream os(std::ios::binary);
+    {
+      Archive inner(os);
+      inner(*identity);
+    }
+    ar(std::uint8_t{2}, wrap_blob(os.view()));
   }
   /// Reads a state from an archive holding its entry alone (the optional identity ends it).
   template <class Archive>
@@ -180,11 +196,21 @@ struct FileSourceState {
     } catch (const cereal::Exception&) {
       return;  // the entry ends here: written before identities were recorded
     }
-    if (more != 1)
+    auto loaded = std::make_shared<DataIdentity>();
+    if (more == 1) {
+      ar(*loaded);
+    } else if (more == 2) {
+      std::string blob;
+      load_bounded(ar, blob);
+      const std::string_view payload = unwrap_blob(blob);
+      std::istringstream is{std::string(payload), std::ios::binary};
+      StateReadLimit limit(payload.size());
+      InArchive inner(is);
+      inner(*loaded);
+    } else {
       throw std::runtime_error("unexpected byte " + std::to_string(more) +
                                " after the cursor of a file source");
-    auto loaded = std::make_shared<DataIdentity>();
-    ar(*loaded);
+    }
     identity = std::move(loaded);
   }
 };
