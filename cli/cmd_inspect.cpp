@@ -54,6 +54,14 @@ std::string read_state_file(const std::string& path) {
                                     (zip ? "torch.save" : "pickle") +
                                     " wrote; show the state_dict in it with "
                                     "flowstate.describe_state(torch.load(FILE)[KEY]) in Python");
+  if (bytes.rfind("FLWSREFS", 0) == 0) {
+    // A checkpoint's state.bin whose data identity is stored in the directory's blobs/.
+    const std::string step = std::filesystem::path(path).parent_path().string();
+    throw CheckpointError(path, "'" + path +
+                                    "' is a checkpoint's stored state, which refers to blobs "
+                                    "of its checkpoint directory: inspect the step directory '" +
+                                    step + "' instead");
+  }
   return bytes;
 }
 

@@ -4,6 +4,13 @@
 //   <dir>/step-000000000100/MANIFEST.json   format version, fingerprint, step, files, sizes,
 //                                           checksums
 //   <dir>/LATEST                            a hint: the name of the last checkpoint written
+//   <dir>/blobs/0123456789abcdef.blob       a large part of states (a data identity) stored
+//                                           once for every step that holds it
+//
+// A state's blobs (core/state_blob.h) of at least 4 KiB are stored in blobs/, named by their
+// XXH3-64, before the state that refers to them; the step's state then holds a 32-byte
+// reference instead, and reading the checkpoint puts the blob back: readers get the state as
+// it was written, byte for byte. Blobs no step refers to go when steps do (pruning, removal).
 //
 // `step-N` holds the state after N batches of the schedule were consumed: its last delivered
 // batch has step N-1 and a resume continues with step N.

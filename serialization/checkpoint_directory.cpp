@@ -143,8 +143,9 @@ bool verifies(const std::string& path) {
 /// Keeps `keep` verified checkpoints counting the one just committed at `step`; removes the
 /// older ones beyond them. Checkpoints with a higher step (from a run that was resumed from
 /// an earlier point) are neither counted nor removed: re-checkpointing replaces them.
-void prune(const std::string& dir, std::uint64_t step, std::size_t keep) {
+bool prune(const std::string& dir, std::uint64_t step, std::size_t keep) {
   std::size_t kept = 1;
+  bool removed = false;
   for (const auto& c : list_candidates(dir)) {
     if (c.name.aside || c.name.step >= step) continue;
     if (kept < keep && verifies(c.path)) {
@@ -155,9 +156,11 @@ void prune(const std::string& dir, std::uint64_t step, std::size_t keep) {
     const std::string doomed = c.path + ".prune" + std::string(kTmpSuffix);
     rename_path(c.path, doomed);
     remove_tree(doomed);
+    removed = true;
   }
   // No fsync: a pruned checkpoint that comes back after a power loss is an older valid one,
   // which the newest-valid rule passes over and the next prune removes.
+  return removed;
 }
 
 }  // namespace
@@ -196,6 +199,12 @@ void clean_up(const std::string& dir) {
   }
   bool changed = !debris.empty();
   for (const auto& path : debris) remove_tree(path);
+  // A blob write a dead writer left unfinished (no other writer runs: we hold the lock).
+  std::error_code ec;
+  if (fs::is_directory(join(dir, kBlobsDir), ec))
+    for (const auto& entry : fs::directory_iterator(join(dir, kBlobsDir), ec))
+      if (entry.path().filename().string().ends_with(kTmpSuffix))
+        remove_tree(entry.path().string());
   for (const auto& aside : asides) {
     const std::string replaced = aside.substr(0, aside.size() - kAsideSuffix.size());
     if (!verifies(replaced)) {
@@ -269,7 +278,9 @@ void StepCommit::finish(std::uint64_t step, std::size_t keep) {
   }
   phase_("latest-written");
   if (moved_aside_) remove_tree(aside_);
-  if (keep > 0) prune(dir_, step, keep);
+  const bool pruned = keep > 0 && prune(dir_, step, keep);
+  // Blobs are shared by steps: only a step removed can leave one unreferenced.
+  if (pruned || moved_aside_) collect_blobs(dir_);
 }
 
 }  // namespace checkpoint_detail
@@ -297,11 +308,16 @@ std::string write_checkpoint(const std::string& dir, std::uint64_t step, std::st
       throw CheckpointError(tmp,
                             "cannot create directory " + quote(tmp) + ": " + std::strerror(errno));
     phase("tmp-created");
-    write_file_durably(join(tmp, kStateFile), state);  // fsync 1
+    // Large blobs (data identities) once per directory, on disk before the state naming them.
+    const StoredState stored = externalize_blobs(state);
+    write_blobs(dir, stored);
+    write_file_durably(join(tmp, kStateFile), stored.bytes);  // fsync 1
     phase("state-written");
     // fsync 2 (the manifest) and 3 (the parent: the commit).
-    commit.commit(Manifest{
-        step, decoded.fingerprint, 0, {{std::string(kStateFile), state.size(), hash64(state)}}});
+    commit.commit(Manifest{step,
+                           decoded.fingerprint,
+                           0,
+                           {{std::string(kStateFile), stored.bytes.size(), hash64(stored.bytes)}}});
   } catch (...) {
     commit.roll_back();
     throw;
@@ -351,6 +367,8 @@ CheckpointFound read_checkpoint(const std::string& checkpoint_dir, std::uint64_t
   }
   // The bytes are what was written; decoding also catches a state this build cannot read.
   const std::string state_path = join(dir, mine);
+  found.state = internalize_blobs(
+      found.state, p.has_parent_path() ? p.parent_path().string() : std::string("."), state_path);
   const PipelineState s = PipelineState::decode(found.state, state_path);
   if (m.world == 0 && s.fingerprint != m.fingerprint)
     throw CheckpointError(manifest_path, quote(manifest_path) + " lists fingerprint " +
@@ -454,6 +472,7 @@ void remove_checkpoints(const std::string& dir) {
   // Oldest first: a crash part-way leaves the newest checkpoints, never a hole below them.
   std::sort(doomed.begin(), doomed.end());
   for (const auto& [step, path] : doomed) remove_tree(path);
+  remove_tree(join(dir, kBlobsDir));
   remove_tree(join(dir, kLatestFile));
   remove_tree(join(dir, std::string(kLatestFile) + std::string(kTmpSuffix)));
   fsync_directory(dir);

@@ -120,17 +120,23 @@ std::string write_group_checkpoint(const std::string& dir, std::uint64_t step,
   }
 
   // 2. Every rank writes and fsyncs its part, and tells rank 0 its size and checksum.
+  std::uint64_t part_size = 0, part_sum = 0;
   std::optional<std::string> error = outcome([&] {
     std::error_code ec;
     if (!fs::is_directory(tmp, ec))
       throw CheckpointError(tmp, "rank " + std::to_string(rank) + " cannot see " + quote(tmp) +
                                      ", which rank 0 created: the checkpoint directory must be "
                                      "one directory shared by every rank (not node-local)");
-    write_file_durably(part, state);
+    // Large blobs once per directory (every rank may store the same one), before the part.
+    const StoredState stored = externalize_blobs(state);
+    write_blobs(dir, stored);
+    write_file_durably(part, stored.bytes);
     phase("part-written");
+    part_size = stored.bytes.size();
+    part_sum = hash64(stored.bytes);
   });
   const std::vector<std::string> parts = coordinator.all_gather(
-      error ? "1" + *error : "0" + std::to_string(state.size()) + " " + hex64(hash64(state)));
+      error ? "1" + *error : "0" + std::to_string(part_size) + " " + hex64(part_sum));
 
   // 3. Rank 0 commits: every part visible with its size, the manifest, the rename.
   error.reset();

@@ -30,6 +30,11 @@ constexpr std::string_view kLockFile = ".lock";
 constexpr std::string_view kRunLockFile = ".run.lock";
 constexpr std::string_view kTmpSuffix = ".tmp";
 constexpr std::string_view kAsideSuffix = ".old";
+/// The directory of the blobs shared by a checkpoint directory's steps (checkpoint_blobs.cpp).
+constexpr std::string_view kBlobsDir = "blobs";
+constexpr std::string_view kBlobSuffix = ".blob";
+/// The first bytes of a stored state holding blob references (a state begins "FLWSTATE").
+constexpr std::string_view kStoredWithReferences = "FLWSREFS";
 constexpr std::size_t kMaxManifestBytes = std::size_t{1} << 20;
 constexpr std::size_t kMaxLatestBytes = 4096;
 
@@ -84,6 +89,35 @@ std::string encode_manifest(const Manifest& m);
 /// Parses and checks MANIFEST.json's `text` (read from `path`, for messages); throws
 /// CheckpointError naming `path` and what is wrong.
 Manifest parse_manifest(const std::string& text, const std::string& path);
+
+// ---- blobs (checkpoint_blobs.cpp) ----
+
+/// A state as a checkpoint stores it: its large blobs (core/state_blob.h) replaced by
+/// references, and those blobs.
+struct StoredState {
+  std::string bytes;
+  /// The file name in blobs/ and the whole inline blob (viewing the state given).
+  std::vector<std::pair<std::string, std::string_view>> blobs;
+};
+
+/// Replaces every inline blob of at least kMinExternalBlobBytes in `state` by a reference,
+/// prefixed by kStoredWithReferences; without any, the bytes are `state`. A state that holds a
+/// reference marker already is stored as it is, so reading it back is exact.
+StoredState externalize_blobs(std::string_view state);
+
+/// Writes the blobs of `stored` into `dir`/blobs (one already there with its size is kept),
+/// durably: each file fsynced and renamed in, then blobs/ fsynced. Throws CheckpointError.
+void write_blobs(const std::string& dir, const StoredState& stored);
+
+/// `stored` with each reference replaced by its blob from `dir`/blobs — the state as it was
+/// given to the writer. Throws CheckpointError naming the blob file when it is missing or is
+/// not the blob referred to, and `origin` (the state file) as the one that refers to it.
+std::string internalize_blobs(std::string_view stored, const std::string& dir,
+                              const std::string& origin);
+
+/// Removes the blobs no step directory under `dir` refers to, and blob debris (*.tmp). The
+/// caller holds the writers' lock. Errors leave blobs in place (collected next time).
+void collect_blobs(const std::string& dir);
 
 // ---- the directory (checkpoint_directory.cpp) ----
 

@@ -9,6 +9,8 @@
 
 #include <array>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include <cereal/types/string.hpp>
 
 #include "flowstate/core/error.h"
+#include "flowstate/core/state_blob.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/options.h"
@@ -38,6 +41,44 @@ inline constexpr std::size_t kIdentityBlockBytes = 4096;
 /// the last.
 inline constexpr std::size_t kIdentityBlocks = 4;
 
+/// How a file source checks, on restore, that its files are the ones the checkpoint read (the
+/// `verify` option of every file source; free: it may change between save and restore).
+enum class FileVerify : std::uint8_t {
+  /// Size, item count, sampled blocks, and the file system's identity (device, inode, mtime,
+  /// ctime): a file replaced since the checkpoint is refused even when the sampled blocks
+  /// agree — and so is a copy of the data directory (the message says how to accept one).
+  kSampled,
+  /// kSampled, plus a hash of each file's whole content, read when the source opens: a file
+  /// whose file-system identity changed (a copied or moved data directory) is accepted when
+  /// its whole content agrees with the checkpoint's, refused otherwise.
+  kFull,
+  /// Size, item count and sampled blocks only (the check before issue 23): a copy resumes
+  /// without a full read, and so would a replaced file whose change misses the sampled blocks.
+  kBlocks,
+};
+template <>
+struct EnumNames<FileVerify> {
+  static constexpr std::array<std::pair<FileVerify, const char*>, 3> values{
+      {{FileVerify::kSampled, "sampled"},
+       {FileVerify::kFull, "full"},
+       {FileVerify::kBlocks, "blocks"}}};
+};
+/// The doc of a file source's `verify` option.
+inline constexpr const char* kVerifyDoc =
+    "how a resume checks the files are the checkpoint's: sampled (size, count, 4 sampled blocks "
+    "and the file system's inode/mtime/ctime: a replaced or copied file is refused), full "
+    "(sampled plus a hash of every file's whole content, read when the source opens: a copied "
+    "data directory resumes when its bytes agree), blocks (size, count, sampled blocks only)";
+/// The `verify` row of a file source's options table (`O::verify`, a FileVerify).
+template <class O>
+constexpr auto verify_param() {
+  // Described only when not the default: a pipeline's description reads as before.
+  return param("verify", &O::verify,
+               {.free = true, .doc = kVerifyDoc, .describe_if = [](const O& o) {
+                  return o.verify != FileVerify::kSampled;
+                }});
+}
+
 /// One data file as a checkpoint records it.
 struct FileIdentity {
   /// The pattern's root as written (its directory part before the first wildcard), then the
@@ -46,23 +87,31 @@ struct FileIdentity {
   std::uint64_t bytes = 0;                              ///< the file's size
   std::uint64_t items = 0;                              ///< records, lines or samples
   std::array<std::uint64_t, kIdentityBlocks> blocks{};  ///< XXH3-64 of each sampled block
+  /// What the file system said of the file (absent in identities written before issue 23).
+  std::optional<FileStat> stat;
+  /// XXH3-64 of the whole file (`verify: full`), else absent.
+  std::optional<std::uint64_t> full;
   bool operator==(const FileIdentity&) const = default;
 };
 
 /// The data a file source read: its files in record order. Immutable once the source opened.
 struct DataIdentity {
   std::vector<FileIdentity> files;
+  /// Version 2 adds per file a byte of flags (1: a FileStat follows, 2: a whole-file hash).
   template <class Archive>
   void save(Archive& ar, std::uint32_t) const {
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(files.size())));
     for (const auto& f : files) {
       ar(f.name, f.bytes, f.items);
       for (auto b : f.blocks) ar(b);
+      ar(static_cast<std::uint8_t>((f.stat ? 1 : 0) | (f.full ? 2 : 0)));
+      if (f.stat) ar(f.stat->device, f.stat->inode, f.stat->mtime_ns, f.stat->ctime_ns);
+      if (f.full) ar(*f.full);
     }
   }
   template <class Archive>
   void load(Archive& ar, std::uint32_t version) {
-    require_state_version("DataIdentity", version, 1);
+    require_state_version("DataIdentity", version, 2);
     // A file takes at least 56 bytes: a corrupt count must not allocate more than the input.
     const std::uint64_t n = load_bounded_size(ar);
     if (n > StateReadLimit::current() / 56)
@@ -73,6 +122,22 @@ struct DataIdentity {
       load_bounded(ar, f.name);
       ar(f.bytes, f.items);
       for (auto& b : f.blocks) ar(b);
+      if (version < 2) continue;
+      std::uint8_t flags = 0;
+      ar(flags);
+      if (flags > 3)
+        throw std::runtime_error("unexpected flags " + std::to_string(flags) + " of data file '" +
+                                 f.name + "' in a data identity");
+      if (flags & 1) {
+        FileStat st;
+        ar(st.device, st.inode, st.mtime_ns, st.ctime_ns);
+        f.stat = st;
+      }
+      if (flags & 2) {
+        std::uint64_t h = 0;
+        ar(h);
+        f.full = h;
+      }
     }
   }
 };
@@ -81,20 +146,27 @@ struct DataIdentity {
 /// FileIdentity): fixed by the name and size, so a restore samples the same blocks.
 std::array<std::uint64_t, kIdentityBlocks> identity_offsets(const std::string& name,
                                                             std::uint64_t bytes);
-/// The identity of one opened file: reads kIdentityBlocks blocks of at most 4 KiB.
-FileIdentity file_identity(std::string name, const MappedFile& file, std::uint64_t items);
+/// The identity of one opened file: reads kIdentityBlocks blocks of at most 4 KiB, takes the
+/// file system's identity the file was opened with, and with `full` hashes the whole file.
+FileIdentity file_identity(std::string name, const MappedFile& file, std::uint64_t items,
+                           bool full = false);
 /// The differences between the identity in a checkpoint and the files opened now, one line
 /// each ("data/part-00002.bin was in the checkpoint and is gone"); empty when they agree.
-/// `unit` names the items ("records").
+/// `unit` names the items ("records"); `verify` is the source's option now (see FileVerify).
 std::vector<std::string> identity_differences(const DataIdentity& saved, const DataIdentity& now,
-                                              const std::string& unit);
+                                              const std::string& unit,
+                                              FileVerify verify = FileVerify::kBlocks);
 
 /// A file source's state: the cursor, and the identity of its data, shared by every snapshot
 /// (a snapshot per batch is a reference count, not a copy).
 ///
-/// On disk it is a CursorState (version 1, the whole state before data identity), then a
-/// byte 1 and the DataIdentity. A state that ends after its CursorState — written before
-/// identities were recorded — restores with no identity, so nothing is compared.
+/// On disk it is a CursorState (version 1, the whole state before data identity), then a byte
+/// saying what follows: 2 and the DataIdentity as a state blob (core/state_blob.h: a string
+/// holding a marker, the size and XXH3-64 of the payload, and the payload, the DataIdentity's
+/// own archive), which a checkpoint directory stores once for all its steps; or 1 and the
+/// DataIdentity inline (written before issue 23; still read). A state that ends after its
+/// CursorState — written before identities were recorded — restores with no identity, so
+/// nothing is compared.
 struct FileSourceState {
   std::uint64_t epoch = 0;
   std::uint64_t cursor = 0;                      ///< Refs emitted in this epoch
@@ -102,7 +174,13 @@ struct FileSourceState {
   template <class Archive>
   void save(Archive& ar) const {
     ar(CursorState{epoch, cursor});
-    if (identity) ar(std::uint8_t{1}, *identity);
+    if (!identity) return;
+    std::ostringstream os(std::ios::binary);
+    {
+      Archive inner(os);
+      inner(*identity);
+    }
+    ar(std::uint8_t{2}, wrap_blob(os.view()));
   }
   /// Reads a state from an archive holding its entry alone (the optional identity ends it).
   template <class Archive>
@@ -118,11 +196,21 @@ struct FileSourceState {
     } catch (const cereal::Exception&) {
       return;  // the entry ends here: written before identities were recorded
     }
-    if (more != 1)
+    auto loaded = std::make_shared<DataIdentity>();
+    if (more == 1) {
+      ar(*loaded);
+    } else if (more == 2) {
+      std::string blob;
+      load_bounded(ar, blob);
+      const std::string_view payload = unwrap_blob(blob);
+      std::istringstream is{std::string(payload), std::ios::binary};
+      StateReadLimit limit(payload.size());
+      InArchive inner(is);
+      inner(*loaded);
+    } else {
       throw std::runtime_error("unexpected byte " + std::to_string(more) +
                                " after the cursor of a file source");
-    auto loaded = std::make_shared<DataIdentity>();
-    ar(*loaded);
+    }
     identity = std::move(loaded);
   }
 };
@@ -163,6 +251,9 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// Appends the next file, holding `records` records, and records its identity under `name`
   /// (see FileIdentity) from the mapped bytes.
   void add_file(const ExpandedPath& path, const MappedFile& file, std::uint64_t records);
+  /// Sets how restore checks the files (the source's `verify` option); call before add_file,
+  /// which hashes whole files under FileVerify::kFull.
+  void set_verify(FileVerify verify) { verify_ = verify; }
   /// The index of `ref` within its file; throws DataError naming the file for a Ref that is
   /// not one of this source's. Inline: the gather fast path calls it twice per record.
   std::uint64_t local(const Ref& ref) const {
@@ -180,6 +271,7 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
  private:
   std::string kind_;
   std::string unit_;
+  FileVerify verify_ = FileVerify::kSampled;
   std::shared_ptr<DataIdentity> identity_ = std::make_shared<DataIdentity>();
   std::vector<std::uint64_t> first_{0};  ///< first global index of each file, plus the total
   std::vector<std::shared_ptr<const void>> keep_;  ///< each file's ExpandedPath::keep
@@ -213,4 +305,4 @@ NodeDef define_file_source(NodeInfo info) {
 
 }  // namespace flowstate
 
-CEREAL_CLASS_VERSION(flowstate::DataIdentity, 1);
+CEREAL_CLASS_VERSION(flowstate::DataIdentity, 2);

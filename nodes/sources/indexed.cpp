@@ -190,6 +190,7 @@ IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint
                                              "': an indexed source reads local files only (a "
                                              "remote PREFIX.bin + PREFIX.idx pair is not "
                                              "supported yet)");
+  set_verify(options_.verify);
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
     auto f = std::make_unique<IndexedFile>(named.path);
     if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())

@@ -55,6 +55,7 @@ struct IndexedOptions {
   IndexedUnit unit = IndexedUnit::kDocument;
   /// Relative paths resolve against it (a YAML file's directory); not described.
   std::filesystem::path base_dir;
+  FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
 
   static constexpr auto table() {
     using O = IndexedOptions;
@@ -66,6 +67,7 @@ struct IndexedOptions {
                .check = check_paths}),
         param("field", &O::field, {.doc = "name of the 1-D field (the file's dtype)"}),
         param("unit", &O::unit, {.doc = "a record is a document or a sequence"}),
+        verify_param<O>(),
     };
   }
 };

@@ -248,6 +248,7 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
       options_(std::move(options)),
       field_(field_id(options_.field)) {
   validate_fields(options_, "lines");
+  set_verify(options_.verify);
   for (const auto& key : options_.json_fields) json_ids_.push_back(field_id(key));
 
   // Which lines are records depends on skip_empty, so it is part of the index's kind.

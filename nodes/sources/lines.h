@@ -61,12 +61,13 @@ LinesFormat parse_lines_format(std::string_view name);
 
 /// Options of the `lines` source.
 struct LinesOptions {
-  std::vector<std::string> paths;           ///< files or globs; each glob's matches sorted
-  LinesFormat format = LinesFormat::kText;  ///< text or jsonl
-  std::string field = "text";               ///< the bytes field (text; jsonl without json_fields)
-  bool skip_empty = false;                  ///< empty lines are not records
-  std::vector<std::string> json_fields;     ///< jsonl: top-level keys to read, each a field
-  std::filesystem::path base_dir;           ///< relative paths resolve against it; not described
+  std::vector<std::string> paths;            ///< files or globs; each glob's matches sorted
+  LinesFormat format = LinesFormat::kText;   ///< text or jsonl
+  std::string field = "text";                ///< the bytes field (text; jsonl without json_fields)
+  bool skip_empty = false;                   ///< empty lines are not records
+  std::vector<std::string> json_fields;      ///< jsonl: top-level keys to read, each a field
+  std::filesystem::path base_dir;            ///< relative paths resolve against it; not described
+  FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
 
   static constexpr auto table() {
     using O = LinesOptions;
@@ -80,6 +81,7 @@ struct LinesOptions {
         param("json_fields", &O::json_fields,
               {.doc = "jsonl: top-level keys read into fields of the same name",
                .default_doc = "none: the whole line in `field`"}),
+        verify_param<O>(),
     };
   }
   /// The checks across options: a field name, json_fields only for jsonl, no name twice.

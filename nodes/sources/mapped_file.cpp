@@ -115,6 +115,14 @@ struct MappingRegistry {
   std::once_flag installed;
 };
 
+std::size_t live_mappings() {
+  MappingRegistry& r = MappingRegistry::get();
+  r.lock();
+  const std::size_t n = r.files.size();
+  r.unlock();
+  return n;
+}
+
 std::uint64_t faulted_mappings() {
   return MappingRegistry::get().faulted.load(std::memory_order_relaxed);
 }
@@ -151,42 +159,69 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   if (fd < 0)
     throw DataError(path_, DataError::kNoOffset,
                     "cannot open '" + path_ + "': " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
+  if (::fstat(fd, &st) != 0)
     throw DataError(path_, DataError::kNoOffset,
-                    "cannot stat '" + path_ + "': " + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
+                    "cannot stat '" + path_ + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
     throw DataError(path_, DataError::kNoOffset, "'" + path_ + "' is not a regular file");
-  }
+  auto ns = [](const struct timespec& t) {
+    return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+  };
+  stat_ = {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+           ns(st.st_mtim), ns(st.st_ctim)};
   size_ = static_cast<std::size_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      throw DataError(path_, DataError::kNoOffset,
-                      "cannot map '" + path_ + "': " + std::strerror(err));
+  if (size_ == 0) return;
+  if (size_ <= kReadIntoMemoryBytes) {
+    // A small file is read whole now: no mapping held, and nothing can cut it short later.
+    buffer_ = std::make_unique_for_overwrite<std::byte[]>(size_);
+    std::size_t got = 0;
+    while (got < size_) {
+      const ssize_t r = ::pread(fd, buffer_.get() + got, size_ - got, static_cast<off_t>(got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0)
+        throw DataError(path_, got, "cannot read '" + path_ + "': " + std::strerror(errno));
+      if (r == 0)
+        throw DataError(path_, got,
+                        "'" + path_ + "' changed while it was read: byte " + std::to_string(got) +
+                            " is past its end (it had " + std::to_string(size_) +
+                            " bytes when opened); a data file must not be truncated or "
+                            "replaced while a run reads it");
+      got += static_cast<std::size_t>(r);
     }
-    // Records are read in shuffled order: tell the kernel not to read ahead.
-    ::madvise(p, size_, MADV_RANDOM);
-    data_ = static_cast<const std::byte*>(p);
-    try {
-      MappingRegistry::get().add(this);
-    } catch (...) {
-      ::munmap(p, size_);
-      ::close(fd);
-      throw;
-    }
+    data_ = buffer_.get();
+    return;
   }
-  ::close(fd);
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    std::string why = std::strerror(err);
+    if (err == ENOMEM)
+      why += " (" + std::to_string(live_mappings()) +
+             " files are mapped already; the kernel allows vm.max_map_count mappings per "
+             "process, 65 530 by default: files of more than " +
+             std::to_string(kReadIntoMemoryBytes >> 10) +
+             " KiB are mapped one mapping each, so join shards or raise that limit)";
+    throw DataError(path_, DataError::kNoOffset, "cannot map '" + path_ + "': " + why);
+  }
+  // Records are read in shuffled order: tell the kernel not to read ahead.
+  ::madvise(p, size_, MADV_RANDOM);
+  data_ = static_cast<const std::byte*>(p);
+  try {
+    MappingRegistry::get().add(this);
+  } catch (...) {
+    ::munmap(p, size_);
+    data_ = nullptr;
+    throw;
+  }
 }
 
 MappedFile::~MappedFile() {
-  if (data_ == nullptr) return;
+  if (data_ == nullptr || buffer_ != nullptr) return;
   MappingRegistry::get().remove(this);
   ::munmap(const_cast<std::byte*>(data_), size_);
 }

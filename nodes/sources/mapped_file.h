@@ -1,6 +1,7 @@
-// A read-only memory mapping of a whole file. Errors name the file. A file that shrinks or
-// vanishes while it is mapped does not kill the process: a guard catches the SIGBUS of a read
-// past its new end, and the assembler reports it as a DataError (see check_mappings).
+// A read-only view of a whole file: memory-mapped, or — a small file — read into memory once.
+// Errors name the file. A file that shrinks or vanishes while it is mapped does not kill the
+// process: a guard catches the SIGBUS of a read past its new end, and the assembler reports it
+// as a DataError (see check_mappings).
 #pragma once
 
 #include <atomic>
@@ -13,7 +14,25 @@
 
 namespace flowstate {
 
-/// A file mapped read-only. Empty files map to no memory. Immutable and thread-safe.
+/// What the file system said of a file when it was opened: which file it is (device, inode)
+/// and when it last changed (mtime, ctime, in ns since the epoch). A file replaced by another
+/// (renamed over, or copied elsewhere) has another identity even when its bytes agree.
+struct FileStat {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::int64_t mtime_ns = 0;
+  std::int64_t ctime_ns = 0;
+  bool operator==(const FileStat&) const = default;
+};
+
+/// Files of at most this many bytes are read into memory when opened instead of mapped: a
+/// mapping per file would hit the kernel's limit on mappings (vm.max_map_count, 65 530 by
+/// default) at tens of thousands of files, and a small file takes no more memory read than
+/// mapped (the kernel maps up to 64 KiB around each fault).
+inline constexpr std::size_t kReadIntoMemoryBytes = std::size_t{64} << 10;
+
+/// A file opened read-only: mapped, or, when it has at most kReadIntoMemoryBytes, read into
+/// memory (one pread). Empty files take no memory. Immutable and thread-safe.
 ///
 /// A read of a page the file no longer has (truncated or replaced under the run) raises SIGBUS;
 /// flowstate's handler (installed with the first mapping, chaining to any handler before it)
@@ -22,7 +41,8 @@ namespace flowstate {
 /// read fails with a DataError naming the file and the offset, never one holding the zeros.
 class MappedFile {
  public:
-  /// Maps `path`; throws DataError naming the file when it cannot be opened or mapped.
+  /// Opens `path`; throws DataError naming the file when it cannot be opened, read or mapped,
+  /// and naming the offset when a small file ends before the size it had when opened.
   explicit MappedFile(std::string path);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
@@ -31,6 +51,10 @@ class MappedFile {
   const std::string& path() const { return path_; }
   const std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
+  /// True when the bytes were read into memory (a small file), false when they are mapped.
+  bool in_memory() const { return buffer_ != nullptr; }
+  /// The file's identity on the file system when it was opened (fstat of the opened file).
+  const FileStat& stat() const { return stat_; }
   /// The first offset a read found missing (the file shrank under the mapping), or kNoFault.
   std::uint64_t fault_offset() const { return fault_offset_.load(std::memory_order_acquire); }
   static constexpr std::uint64_t kNoFault = ~std::uint64_t{0};
@@ -40,8 +64,13 @@ class MappedFile {
   std::string path_;
   const std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  std::unique_ptr<std::byte[]> buffer_;  ///< a small file's bytes (data_ points here)
+  FileStat stat_;
   mutable std::atomic<std::uint64_t> fault_offset_{kNoFault};  ///< set by the SIGBUS guard
 };
+
+/// How many files are mapped now (MappedFile objects holding a mapping).
+std::size_t live_mappings();
 
 /// How many live mappings a read found cut short: 0 in a healthy process (one relaxed load,
 /// polled per batch).

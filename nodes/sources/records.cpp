@@ -24,6 +24,7 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
       options_(std::move(options)),
       field_(field_id(options_.field)) {
   validate_fields(options_, "records");
+  set_verify(options_.verify);
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
     const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);

@@ -33,6 +33,7 @@ struct RecordsOptions {
   /// Relative paths resolve against it (a YAML file's directory); not described, so a
   /// project directory can move together with its checkpoints.
   std::filesystem::path base_dir;
+  FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
 
   static constexpr auto table() {
     using O = RecordsOptions;
@@ -41,6 +42,7 @@ struct RecordsOptions {
         param("record_bytes", &O::record_bytes,
               {.min = 1, .required = true, .doc = "bytes per record"}),
         param("field", &O::field, {.doc = "name of the uint8 [record_bytes] field of each sample"}),
+        verify_param<O>(),
     };
   }
 };

@@ -271,6 +271,7 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
       options_(std::move(options)),
       record_field_(field_id(options_.fields.empty() ? "data" : options_.fields.front())) {
   validate_fields(options_, "tar");
+  set_verify(options_.verify);
   for (const auto& ext : options_.fields) field_ids_.push_back(field_id(ext));
 
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {

@@ -69,7 +69,8 @@ struct TarOptions {
   std::vector<std::string> paths;                  ///< files or globs; each glob's matches sorted
   std::vector<std::string> fields;                 ///< extensions to read; empty: every one seen
   MissingField on_missing = MissingField::kError;  ///< a sample lacking one of `fields`
-  std::filesystem::path base_dir;  ///< relative paths resolve against it; not described
+  std::filesystem::path base_dir;            ///< relative paths resolve against it; not described
+  FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
 
   static constexpr auto table() {
     using O = TarOptions;
@@ -79,6 +80,7 @@ struct TarOptions {
               {.doc = "the extensions read into fields", .default_doc = "every extension seen"}),
         param("on_missing", &O::on_missing,
               {.doc = "a sample lacking one of `fields`: error (when the source opens) or skip"}),
+        verify_param<O>(),
     };
   }
   /// The checks across options: no empty extension, none twice.

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -36,9 +37,10 @@ void truncate_to(const std::string& p, std::size_t n) {
 TEST(MappedFile, AReadPastAnEndThatMovedGivesZerosAndTheCheckNamesFileAndOffset) {
   TempDir dir;
   const auto path = dir / "data.bin";
-  write_bytes(path, 64 * 1024);
+  write_bytes(path, 256 * 1024);  // more than kReadIntoMemoryBytes: mapped
   {
     MappedFile f(path);
+    ASSERT_FALSE(f.in_memory());
     EXPECT_EQ(faulted_mappings(), 0u);
     EXPECT_NO_THROW(check_mappings());
     EXPECT_EQ(static_cast<int>(f.data()[40000]), 1 + 40000 % 251);
@@ -57,7 +59,7 @@ TEST(MappedFile, AReadPastAnEndThatMovedGivesZerosAndTheCheckNamesFileAndOffset)
       EXPECT_EQ(e.file(), path);
       EXPECT_EQ(e.offset(), 40000u);
       EXPECT_NE(std::string(e.what()).find("changed while it was read: byte 40000 is past its end "
-                                           "(it had 65536 bytes when opened; it has 4096 bytes "
+                                           "(it had 262144 bytes when opened; it has 4096 bytes "
                                            "now)"),
                 std::string::npos)
           << e.what();
@@ -71,8 +73,9 @@ TEST(MappedFile, AReadPastAnEndThatMovedGivesZerosAndTheCheckNamesFileAndOffset)
 TEST(MappedFile, AFileRemovedAndCutIsNamedAsGone) {
   TempDir dir;
   const auto path = dir / "gone.bin";
-  write_bytes(path, 16 * 1024);
+  write_bytes(path, 128 * 1024);
   MappedFile f(path);
+  ASSERT_FALSE(f.in_memory());
   truncate_to(path, 0);
   std::filesystem::remove(path);
   const volatile std::byte* p = f.data();
@@ -88,8 +91,9 @@ TEST(MappedFile, AFileRemovedAndCutIsNamedAsGone) {
 TEST(MappedFileDeathTest, ASigbusOutsideFlowstatesMappingsStillEndsTheProcess) {
   TempDir dir;
   const auto ours = dir / "ours.bin";
-  write_bytes(ours, 4096);
+  write_bytes(ours, 2 * kReadIntoMemoryBytes);
   MappedFile installs_the_guard(ours);
+  ASSERT_FALSE(installs_the_guard.in_memory());
   const auto other = dir / "other.bin";
   write_bytes(other, 16 * 1024);
   EXPECT_DEATH(
@@ -102,6 +106,36 @@ TEST(MappedFileDeathTest, ASigbusOutsideFlowstatesMappingsStillEndsTheProcess) {
         std::_Exit(0);  // not reached: the guard leaves a mapping not its own to SIGBUS
       },
       "");
+}
+
+TEST(MappedFile, ASmallFileIsReadIntoMemoryHoldsNoMappingAndRecordsItsStat) {
+  TempDir dir;
+  const auto path = dir / "small.bin";
+  write_bytes(path, kReadIntoMemoryBytes);
+  const std::size_t mapped_before = live_mappings();
+  MappedFile f(path);
+  EXPECT_TRUE(f.in_memory());
+  EXPECT_EQ(live_mappings(), mapped_before);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(f.stat().inode, static_cast<std::uint64_t>(st.st_ino));
+  EXPECT_EQ(f.stat().device, static_cast<std::uint64_t>(st.st_dev));
+  EXPECT_EQ(f.stat().mtime_ns, st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec);
+  EXPECT_EQ(f.stat().ctime_ns, st.st_ctim.tv_sec * 1'000'000'000LL + st.st_ctim.tv_nsec);
+  // Read once when opened: a cut afterwards changes nothing it holds, and faults nothing.
+  truncate_to(path, 10);
+  std::filesystem::remove(path);
+  EXPECT_EQ(static_cast<int>(f.data()[kReadIntoMemoryBytes - 1]),
+            1 + (kReadIntoMemoryBytes - 1) % 251);
+  EXPECT_EQ(f.fault_offset(), MappedFile::kNoFault);
+  EXPECT_NO_THROW(check_mappings());
+
+  // One byte more is mapped.
+  const auto big = dir / "big.bin";
+  write_bytes(big, kReadIntoMemoryBytes + 1);
+  MappedFile g(big);
+  EXPECT_FALSE(g.in_memory());
+  EXPECT_EQ(live_mappings(), mapped_before + 1);
 }
 
 TEST(MappedFile, ALoaderWhoseRecordsFileIsCutFailsNamingItAndDeliversNoZeros) {

@@ -167,9 +167,10 @@ TEST_F(MixTest, StateIsSmallAndHoldsEveryInput) {
   Loader l(mixed(MixStop::kAllExhausted), {.epochs = 1});
   for (int i = 0; i < 10; ++i) l.next();
   const std::string s = l.state();
-  // Counters under 1 KiB, plus each source's data identity: 13 bytes per source, then 56
-  // bytes and the name (here an absolute path) per file; 2 sources, 5 files.
-  EXPECT_LT(s.size(), 1024u + 2 * 13 + 5 * (56 + (dir_ / "b/part-00000.bin").size()));
+  // Counters under 1 KiB, plus each source's data identity: 54 bytes per source (with the
+  // blob's byte, 8 of size and 32 of header), then 56 bytes, a flags byte, 32 of stat and the name
+  // (here an absolute path) per file; 2 sources, 5 files.
+  EXPECT_LT(s.size(), 1024u + 2 * 54 + 5 * (89 + (dir_ / "b/part-00000.bin").size()));
   // A pipeline whose inputs differ cannot load it.
   Pipeline other = Pipeline::Builder()
                        .seed(77)

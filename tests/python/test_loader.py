@@ -102,7 +102,8 @@ def test_state_dict_restores_the_next_batch_exactly(records_doc, cut):
         next(first)
     sd = pickle.loads(pickle.dumps(first.state_dict()))
     assert sd["step"] == cut and sd["fingerprint"] == p.fingerprint
-    assert len(sd["state"]) < 1024
+    # Counters and the source's data identity (each file's name, sampled blocks and stat).
+    assert len(sd["state"]) < 2048
     del first
     second = flowstate.Loader(p, epochs=2, workers=3)  # another worker count
     second.load_state_dict(sd)

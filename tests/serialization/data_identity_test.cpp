@@ -90,17 +90,17 @@ class CheckpointDataIdentity : public ::testing::TestWithParam<Kind> {
   void write(std::size_t k, std::uint64_t n) const { write_data_file(kind(), file(k), k, n); }
 
   /// The pipeline, its paths relative to `base` (the project directory).
-  Pipeline make(const std::string& base = "") const {
+  Pipeline make(const std::string& base = "", FileVerify verify = FileVerify::kSampled) const {
     const fs::path dir = base.empty() ? root_.path() : fs::path(base);
     const std::string glob = "data/part-*" + kind().ext;
     Pipeline::Builder b;
     b.seed(5).workers(1);
     if (kind().type == "records")
-      b.records({.paths = {glob}, .record_bytes = 64, .base_dir = dir});
+      b.records({.paths = {glob}, .record_bytes = 64, .base_dir = dir, .verify = verify});
     else if (kind().type == "lines")
-      b.lines({.paths = {glob}, .base_dir = dir});
+      b.lines({.paths = {glob}, .base_dir = dir, .verify = verify});
     else
-      b.tar({.paths = {glob}, .base_dir = dir});
+      b.tar({.paths = {glob}, .base_dir = dir, .verify = verify});
     return b.batch({.size = 10}).build();
   }
   /// The CheckpointError of restoring the checkpoint into a fresh loader.
@@ -166,18 +166,62 @@ TEST_P(CheckpointDataIdentity, ListsEveryDifferenceOnALineOfItsOwn) {
                            ": " + name(3) + " is new (not in the checkpoint)");
 }
 
-TEST_P(CheckpointDataIdentity, ResumesExactlyAfterTheProjectDirectoryMoved) {
-  // The data directory and its checkpoints copied elsewhere together, the original gone:
-  // names are relative to the glob's root, so the identity still matches.
+TEST_P(CheckpointDataIdentity, ResumesExactlyAfterTheProjectDirectoryWasRenamed) {
+  // A rename on the same file system keeps every file (inode, mtime, ctime): names are
+  // relative to the glob's root, so the identity still matches.
   TempDir other;
   const std::string moved = other / "project";
-  testing::copy_tree(root_.str(), moved);
-  fs::remove_all(root_ / "data");
+  fs::rename(root_.path(), moved);
   Loader l(make(moved), options_);
   ASSERT_TRUE(l.restore(moved + "/ckpt"));
   auto rest = drain(l);
   before_.insert(before_.end(), rest.begin(), rest.end());
   EXPECT_EQ(before_, full_);
+  fs::rename(moved, root_.path());
+}
+
+TEST_P(CheckpointDataIdentity, ACopiedDataDirectoryIsRefusedSayingHowToAcceptIt) {
+  // A copy has other inodes: under verify: sampled it cannot be told from replaced files.
+  TempDir other;
+  const std::string moved = other / "project";
+  testing::copy_tree(root_.str(), moved);
+  fs::remove_all(root_ / "data");
+  Loader l(make(moved), options_);
+  const std::string error = checkpoint_error([&] { l.restore(moved + "/ckpt"); });
+  // The timestamps may agree with the original's (a coarse clock); the inode does not.
+  EXPECT_THAT(error, ::testing::HasSubstr(kind().type + ": " + name(0) +
+                                          ": not the file the checkpoint read (inode"));
+  EXPECT_THAT(error, ::testing::HasSubstr(" changed), though its size and sampled blocks agree"));
+  EXPECT_THAT(error, ::testing::HasSubstr("resume with verify: blocks"));
+  // Accepted on the sampled blocks' word when the user says so.
+  Loader blocks(make(moved, FileVerify::kBlocks), options_);
+  ASSERT_TRUE(blocks.restore(moved + "/ckpt"));
+  auto rest = drain(blocks);
+  before_.insert(before_.end(), rest.begin(), rest.end());
+  EXPECT_EQ(before_, full_);
+}
+
+TEST_P(CheckpointDataIdentity, ACopiedDataDirectoryResumesExactlyUnderVerifyFull) {
+  // The checkpoint written with verify: full holds every file's whole hash; the copy's agree.
+  {
+    Loader first(make("", FileVerify::kFull), options_);
+    drain(first, 3);
+    first.save_checkpoint(root_ / "ckpt-full");
+  }
+  TempDir other;
+  const std::string moved = other / "project";
+  testing::copy_tree(root_.str(), moved);
+  fs::remove_all(root_ / "data");
+  Loader l(make(moved, FileVerify::kFull), options_);
+  ASSERT_TRUE(l.restore(moved + "/ckpt-full"));
+  auto rest = drain(l);
+  before_.insert(before_.end(), rest.begin(), rest.end());
+  EXPECT_EQ(before_, full_);
+  // Without verify: full now, the whole hash is not read, and the message says to ask for it.
+  Loader sampled(make(moved), options_);
+  EXPECT_THAT(checkpoint_error([&] { sampled.restore(moved + "/ckpt-full"); }),
+              ::testing::HasSubstr("The checkpoint holds its whole-file hash: resume with "
+                                   "verify: full"));
 }
 
 TEST_P(CheckpointDataIdentity, InspectShowsTheFiles) {
@@ -190,6 +234,92 @@ TEST_P(CheckpointDataIdentity, InspectShowsTheFiles) {
   EXPECT_EQ(files[1]["bytes"], fs::file_size(file(1)));
   EXPECT_EQ(files[1]["items"], kind().items_per_file);
   EXPECT_EQ(files[1]["hash"].get<std::string>().size(), 16u);
+}
+
+/// Where one byte of a file of `bytes` bytes named `name` lies outside every sampled block.
+std::size_t unsampled_offset(const std::string& name, std::size_t bytes) {
+  const auto at = identity_offsets(name, bytes);
+  for (std::size_t pos = 0; pos < bytes; pos += 512) {
+    bool sampled = false;
+    for (auto a : at) sampled = sampled || (a <= pos && pos < a + kIdentityBlockBytes);
+    if (!sampled) return pos + 7;
+  }
+  throw std::runtime_error("every byte of " + name + " is sampled");
+}
+
+/// Replaces `path` atomically (a new file renamed over it) by `bytes`.
+void replace_by_rename(const std::string& path, const std::string& bytes) {
+  testing::write_file(path + ".new", bytes);
+  fs::rename(path + ".new", path);
+}
+
+TEST(CheckpointDataIdentityRecords, AFileReplacedWithAChangeOutsideTheSampledBlocksIsRefused) {
+  // Two sizes: a file read into memory when opened (48 KiB), and a mapped one (1 MiB).
+  for (const std::size_t records : {std::size_t{768}, std::size_t{16384}}) {
+    SCOPED_TRACE(records);
+    TempDir root;
+    const std::string glob = testing::write_records(root / "data", records * 2, 64, 2);
+    auto make = [&](FileVerify verify) {
+      return Pipeline::Builder()
+          .records({.paths = {glob}, .record_bytes = 64, .verify = verify})
+          .batch({.size = 10})
+          .build();
+    };
+    for (const FileVerify verify : {FileVerify::kSampled, FileVerify::kFull}) {
+      Loader first(make(verify), {.epochs = 1});
+      drain(first, 2);
+      first.save_checkpoint(root / ("ckpt-" + std::string(enum_name(verify))));
+    }
+    const std::string path = root / "data/part-00001.bin";
+    std::string bytes = testing::read_file(path);
+    // The glob is absolute: the name is the whole path.
+    const std::size_t pos = unsampled_offset(path, bytes.size());
+    bytes[pos] ^= 0x40;
+    replace_by_rename(path, bytes);
+
+    // verify: blocks, as flowstate checked before: the change is not seen.
+    Loader blocks(make(FileVerify::kBlocks), {.epochs = 1});
+    EXPECT_TRUE(blocks.restore(root / "ckpt-sampled"));
+    Loader sampled(make(FileVerify::kSampled), {.epochs = 1});
+    const std::string error = checkpoint_error([&] { sampled.restore(root / "ckpt-sampled"); });
+    EXPECT_THAT(error, ::testing::StartsWith(
+                           "cannot restore " + (root / "ckpt-sampled/step-000000000002") +
+                           ": records: " + path + ": not the file the checkpoint read (inode"));
+    EXPECT_THAT(error, ::testing::EndsWith(
+                           " changed), though its size and sampled blocks agree: it was replaced, "
+                           "changed in place, or copied. If the data directory was copied or "
+                           "moved unchanged, resume with verify: blocks to accept it on the "
+                           "sampled blocks (checkpoints written with verify: full accept a copy "
+                           "whose whole content agrees)"));
+    Loader full(make(FileVerify::kFull), {.epochs = 1});
+    EXPECT_EQ(checkpoint_error([&] { full.restore(root / "ckpt-full"); }),
+              "cannot restore " + (root / "ckpt-full/step-000000000002") + ": records: " + path +
+                  ": content differs (whole-file hash)");
+  }
+}
+
+TEST(CheckpointDataIdentityRecords, AStateOfIdentityVersion1HasNoStatToCompare) {
+  // DataIdentity version 1 (before issue 23) carries no file-system identity: a copy of the
+  // data resumes on the sampled blocks, as it did.
+  FileIdentity f{.name = "a.bin", .bytes = 10, .items = 1, .blocks = {1, 2, 3, 4}};
+  DataIdentity v1{{f}};
+  FileIdentity now = f;
+  now.stat = FileStat{1, 2, 3, 4};
+  EXPECT_TRUE(
+      identity_differences(v1, DataIdentity{{now}}, "records", FileVerify::kSampled).empty());
+  // Written as version 2 and read back: every field survives.
+  DataIdentity v2{{now}};
+  v2.files[0].full = 99;
+  std::ostringstream os(std::ios::binary);
+  {
+    OutArchive ar(os);
+    ar(v2);
+  }
+  std::istringstream is(os.str(), std::ios::binary);
+  InArchive ar(is);
+  DataIdentity back;
+  ar(back);
+  EXPECT_EQ(back.files, v2.files);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sources, CheckpointDataIdentity, ::testing::Values(kRecords, kLines, kTar),
