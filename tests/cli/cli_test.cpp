@@ -1055,6 +1055,16 @@ TEST_F(Cli, SchemaListsEveryNodeAndTransform) {
                        "the shuffle buffer\n"),
             std::string::npos)
       << r.out;
+  // Data parameters (a resume may continue over them, --data-changed continue) are marked.
+  r = run({"schema", "mix"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(", required, data): one positive number per input\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(", required, data): input pipeline files"), std::string::npos) << r.out;
+  const auto stop = r.out.find("\n  stop (");
+  ASSERT_NE(stop, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(stop, r.out.find('\n', stop + 1) - stop).find(", data)"),
+            std::string::npos);
   r = run({"schema", "nope"});
   EXPECT_EQ(r.status, 2);
 }
