@@ -99,10 +99,16 @@ struct FileSourceState {
   std::uint64_t epoch = 0;
   std::uint64_t cursor = 0;                      ///< Refs emitted in this epoch
   std::shared_ptr<const DataIdentity> identity;  ///< null: none recorded
+  /// The files this epoch started with, when the run continued over files added to or
+  /// removed from the glob during it (FileSource::restore, DataChange::files); null otherwise.
+  /// On disk after the identity: a byte 2, `changed_at`, then this identity.
+  std::shared_ptr<const DataIdentity> epoch_files;
+  std::uint64_t changed_at = 0;  ///< the cursor when the files changed (with epoch_files)
   template <class Archive>
   void save(Archive& ar) const {
     ar(CursorState{epoch, cursor});
     if (identity) ar(std::uint8_t{1}, *identity);
+    if (identity && epoch_files) ar(std::uint8_t{2}, changed_at, *epoch_files);
   }
   /// Reads a state from an archive holding its entry alone (the optional identity ends it).
   template <class Archive>
@@ -124,7 +130,36 @@ struct FileSourceState {
     auto loaded = std::make_shared<DataIdentity>();
     ar(*loaded);
     identity = std::move(loaded);
+    epoch_files = nullptr;
+    changed_at = 0;
+    try {
+      ar(more);
+    } catch (const cereal::Exception&) {
+      return;  // no change of the files within this epoch
+    }
+    if (more != 2)
+      throw std::runtime_error("unexpected byte " + std::to_string(more) +
+                               " after the data identity of a file source");
+    auto files = std::make_shared<DataIdentity>();
+    ar(changed_at, *files);
+    epoch_files = std::move(files);
   }
+};
+
+/// How the epoch in progress reads the files it started with after files were added to or
+/// removed from the glob (FileSource::restore): its positions, in spans of the epoch's files'
+/// own record numbers, and where each of those files is now.
+struct FileEpochView {
+  /// Positions [at, at + count) of the epoch are its files' records [from, from + count).
+  struct Span {
+    std::uint64_t at = 0, from = 0, count = 0;
+  };
+  static constexpr std::uint32_t kGone = ~std::uint32_t{0};
+  std::uint64_t epoch = 0;
+  std::uint64_t size = 0;            ///< positions in the epoch
+  std::vector<Span> spans;           ///< in order of position
+  std::vector<std::uint64_t> first;  ///< the epoch's files' first record numbers, plus the total
+  std::vector<std::uint32_t> now;    ///< each of the epoch's files' number now, or kGone
 };
 
 /// The InspectFn of file sources: epoch, cursor and, when recorded, the files (name, bytes,
@@ -138,13 +173,17 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// `source_id` goes into its Refs.
   FileSource(std::string name, std::string kind, std::string unit, std::uint32_t source_id);
 
-  std::uint64_t size(std::uint64_t) const final { return total_; }
+  std::uint64_t size(std::uint64_t epoch) const final {
+    return view_ && epoch == view_->epoch ? view_->size : total_;
+  }
   bool indexed() const final { return true; }
   Ref at(std::uint64_t epoch, std::uint64_t i) const final;
   void start_epoch(std::uint64_t epoch) final;
   std::size_t pull(std::span<Ref> out) final;
   /// Loads the cursor and, when the state recorded one, compares the data's identity with the
-  /// files opened: a difference is a CheckpointError listing each, one per line.
+  /// files opened: a difference is a CheckpointError listing each, one per line — unless the
+  /// restore opted in (DataChange::current()->files) and the files were only added to or
+  /// removed from the glob, which continue by continue_over_files' rules.
   void restore(InArchive& ar) final;
   /// A first-format stamp holds a CursorState alone (no identity).
   void restore_legacy(InArchive& ar) final;
@@ -174,6 +213,18 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   void validate(const FileSourceState& s) const final;
   [[noreturn]] void out_of_range(const Ref& ref) const;
 
+  /// The state `s`, whose identity differs from the files opened by `diffs`, carried over to
+  /// them (file_change.cpp): the epoch in progress finishes over the files it started with
+  /// (less the unread records of files removed), the next reads the files now. Notes what it
+  /// did in the current DataChange; throws CheckpointError when the restore did not opt in or
+  /// the change cannot continue exactly.
+  FileSourceState continue_over_files(FileSourceState s,
+                                      const std::vector<std::string>& diffs) const;
+  /// The view of `s`'s epoch over `s.epoch_files` (file_change.cpp).
+  std::shared_ptr<const FileEpochView> epoch_view(const FileSourceState& s) const;
+  /// Position `i` of the view's epoch: the record of the epoch's files, numbered as now.
+  Ref view_at(std::uint64_t i) const;
+
   std::uint32_t source_id_;
   std::vector<std::string> files_;
 
@@ -183,6 +234,9 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   std::shared_ptr<DataIdentity> identity_ = std::make_shared<DataIdentity>();
   std::vector<std::uint64_t> first_{0};  ///< first global index of each file, plus the total
   std::uint64_t total_ = 0;
+  /// The epoch that finishes over the files it started with (see continue_over_files); null
+  /// when every epoch reads the files opened.
+  std::shared_ptr<const FileEpochView> view_;
 };
 
 /// The build function of a file source `Source` (constructed as Source(name, options, id)).
