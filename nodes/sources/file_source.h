@@ -101,14 +101,17 @@ struct FileSourceState {
   std::shared_ptr<const DataIdentity> identity;  ///< null: none recorded
   /// The files this epoch started with, when the run continued over files added to or
   /// removed from the glob during it (FileSource::restore, DataChange::files); null otherwise.
-  /// On disk after the identity: a byte 2, `changed_at`, then this identity.
+  /// On disk the identity's byte is 3 instead of 1, and `changed_at` and this identity follow
+  /// it (a file source's entry delimits itself: it may be followed by other nodes' states).
   std::shared_ptr<const DataIdentity> epoch_files;
   std::uint64_t changed_at = 0;  ///< the cursor when the files changed (with epoch_files)
   template <class Archive>
   void save(Archive& ar) const {
     ar(CursorState{epoch, cursor});
-    if (identity) ar(std::uint8_t{1}, *identity);
-    if (identity && epoch_files) ar(std::uint8_t{2}, changed_at, *epoch_files);
+    if (identity && epoch_files)
+      ar(std::uint8_t{3}, *identity, changed_at, *epoch_files);
+    else if (identity)
+      ar(std::uint8_t{1}, *identity);
   }
   /// Reads a state from an archive holding its entry alone (the optional identity ends it).
   template <class Archive>
@@ -124,7 +127,7 @@ struct FileSourceState {
     } catch (const cereal::Exception&) {
       return;  // the entry ends here: written before identities were recorded
     }
-    if (more != 1)
+    if (more != 1 && more != 3)
       throw std::runtime_error("unexpected byte " + std::to_string(more) +
                                " after the cursor of a file source");
     auto loaded = std::make_shared<DataIdentity>();
@@ -132,17 +135,11 @@ struct FileSourceState {
     identity = std::move(loaded);
     epoch_files = nullptr;
     changed_at = 0;
-    try {
-      ar(more);
-    } catch (const cereal::Exception&) {
-      return;  // no change of the files within this epoch
+    if (more == 3) {  // the epoch continues over the files it started with
+      auto files = std::make_shared<DataIdentity>();
+      ar(changed_at, *files);
+      epoch_files = std::move(files);
     }
-    if (more != 2)
-      throw std::runtime_error("unexpected byte " + std::to_string(more) +
-                               " after the data identity of a file source");
-    auto files = std::make_shared<DataIdentity>();
-    ar(changed_at, *files);
-    epoch_files = std::move(files);
   }
 };
 

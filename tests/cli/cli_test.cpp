@@ -642,8 +642,10 @@ TEST_F(Cli, ResumeRefusesDataThatChangedSinceTheCheckpoint) {
   EXPECT_EQ(r.status, 4) << r.err;
   EXPECT_EQ(r.err,
             "flowstate: error: cannot restore ck/step-000000000020: records: "
-            "data/part-00002.bin was in the checkpoint and is gone [file "
-            "ck/step-000000000020/state.bin]\n");
+            "data/part-00002.bin was in the checkpoint and is gone\n(only files were added or "
+            "removed: to continue over them, opt in with `flowstate run --data-changed continue`, "
+            "LoaderOptions::on_data_change or load_state_dict(state, data_changed=\"continue\")) "
+            "[file ck/step-000000000020/state.bin]\n");
 }
 
 TEST_F(Cli, ResumeRefusesCheckpointsThatAllFailToVerify) {
