@@ -11,7 +11,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: flowstate schema [NAME]   (flowstate --plugin PATH.so schema: with a plugin)\n\n"
     "Lists the top-level keys, every node type, every map transform and every filter\n"
-    "predicate with its parameters (type, default, range, whether it is free). With NAME,\n"
+    "predicate with its parameters (type, default, range, whether it is free or a data\n"
+    "parameter, which a resume may continue over with --data-changed continue). With NAME,\n"
     "only that node type, transform or predicate. Nodes a plugin added (--plugin) are marked\n"
     "with the plugin's path.\n";
 

@@ -281,6 +281,20 @@ void add_downstream(const Pipeline& pipeline, DataChange& change) {
   }
 }
 
+/// Fills in, for every node, the nodes after it (before batch) that hold something of their
+/// upstream (DataChange::holds_after), and opts in to continuing over changed files: what a
+/// file source whose files changed continues through (FileSource::restore).
+void add_file_change(const Pipeline& pipeline, DataChange& change) {
+  change.files = true;
+  const auto& nodes = pipeline.nodes();
+  for (std::size_t k = 0; k < nodes.size(); ++k) {
+    auto& after = change.holds_after[nodes[k].name];
+    for (std::size_t i = k + 1; i < nodes.size() && nodes[i].phase() < Phase::kBatch; ++i)
+      if (nodes[i].def->holds_upstream != UpstreamHold::kNothing)
+        after.emplace_back(nodes[i].def->holds_upstream, nodes[i].name);
+  }
+}
+
 }  // namespace
 
 DataChange Loader::data_change_from(const std::vector<CanonicalParam>& before,
@@ -319,6 +333,7 @@ DataChange Loader::data_change_from(const std::vector<CanonicalParam>& before,
     if (of_node(was) != of_node(now)) change.nodes.push_back(n.name);
   }
   add_downstream(pipeline_, change);
+  add_file_change(pipeline_, change);
   return change;
 }
 
@@ -339,7 +354,15 @@ void Loader::load_state(std::string_view bytes) { load_state(bytes, options_.on_
 void Loader::load_state(std::string_view bytes, OnDataChange on_change) {
   PipelineState s = PipelineState::decode(bytes);
   if (s.fingerprint == fingerprint_) {
-    rebuild(s);
+    if (on_change != OnDataChange::kContinue) {
+      rebuild(s);
+      return;
+    }
+    // The same configuration: only a source's files may have changed (FileSource::restore
+    // continues over them and notes it; nothing noted, nothing is recorded).
+    DataChange change;
+    add_file_change(pipeline_, change);
+    rebuild_changed(std::move(s), change, "");
     return;
   }
   std::string record;

@@ -111,11 +111,13 @@ std::shared_ptr<const YamlForm> mix_yaml(const NodeDef& def) {
        .type = ParamType::kStringList,
        .doc = "input pipeline files (source, shard, shuffle, filter, maps); relative to this file",
        .required = true,
+       .data = true,
        .check = check_paths},
       {.name = "weights",
        .type = ParamType::kStringList,
        .doc = "one positive number per input",
-       .required = true},
+       .required = true,
+       .data = true},
   };
   for (const auto& p : def.params) f->params.push_back(p);  // stop
   f->read = [](YamlContext& ctx) {

@@ -93,7 +93,8 @@ void restore_one(SpineNode& n, InArchive& ar, const std::string& where, bool leg
   } catch (const ConfigError&) {
     // A data parameter set while running (DataChange::set) that the node refuses: the
     // caller's value, not the state, is wrong.
-    if (change == nullptr) rethrow_restore_with_node(std::current_exception(), n.name(), where);
+    if (change == nullptr || change->set.empty())
+      rethrow_restore_with_node(std::current_exception(), n.name(), where);
     throw;
   } catch (...) {
     rethrow_restore_with_node(std::current_exception(), n.name(), where);
@@ -102,9 +103,23 @@ void restore_one(SpineNode& n, InArchive& ar, const std::string& where, bool leg
 
 }  // namespace
 
+namespace {
+thread_local const DataChange* current_change = nullptr;
+}  // namespace
+
+const DataChange* DataChange::current() { return current_change; }
+
+DataChange::Scope::Scope(const DataChange* change) : previous_(current_change) {
+  current_change = change;
+}
+
+DataChange::Scope::~Scope() { current_change = previous_; }
+
 void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
                    const std::vector<StampEntry>& entries, const std::string& where,
                    const DataChange* change) {
+  // A nested restore (a mix's inputs) keeps the change of the restore around it.
+  DataChange::Scope scope(change != nullptr ? change : DataChange::current());
   check_count(entries.size(), nodes.size(), where);
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const StampEntry& e = entries[i];
@@ -124,7 +139,8 @@ void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::st
       restore_nodes(nodes, *entries, where, change);
       return;
     }
-    if (change != nullptr)
+    // (Files are not compared there: a first-format stamp holds no data identity.)
+    if (change != nullptr && !change->nodes.empty())
       throw CheckpointError(where,
                             "a state of the first stamp format cannot continue on changed "
                             "data; resume it unchanged and save a checkpoint first");
@@ -143,7 +159,7 @@ void restore_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes, std::st
   } catch (const CheckpointError&) {
     throw;
   } catch (const ConfigError& e) {
-    if (change == nullptr)
+    if (change == nullptr || change->set.empty())
       throw CheckpointError(where,
                             std::string("node states are truncated or corrupt: ") + e.what());
     throw;  // a value set while running that a node refuses (restore_one)

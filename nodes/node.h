@@ -32,11 +32,13 @@ inline constexpr std::uint64_t kUnknownSize = ~std::uint64_t{0};
 /// What a node's state keeps of its upstream's output — what a data change upstream (a mix's
 /// weights or inputs, DataChange) must leave intact for the node to continue exactly.
 enum class UpstreamHold : std::uint8_t {
-  kNothing,  ///< counters only (filter, map, batch)
-  kRefs,     ///< Refs of upstream items (pack's carry-over): the items they name must keep
-             ///< their Refs (a mix keeps its inputs' numbers and removes none)
-  kReplay,   ///< replays its upstream from a saved position (a stream shuffle's key-frame):
-             ///< no change upstream continues exactly
+  kNothing,    ///< counters only (filter, map, batch)
+  kPositions,  ///< addresses its upstream by position within the epoch's size (shard's rank
+               ///< ranges): an epoch whose size changes (files removed) moves its positions
+  kRefs,       ///< Refs of upstream items (pack's carry-over): the items they name must keep
+               ///< their Refs (a mix keeps its inputs' numbers and removes none)
+  kReplay,     ///< replays its upstream from a saved position (a stream shuffle's key-frame):
+               ///< no change upstream continues exactly
 };
 
 /// What a restore that continues on changed data hands the nodes whose data parameters
@@ -54,6 +56,30 @@ struct DataChange {
   std::string downstream_node;
   /// What the nodes did, one line each, for the run's history of data changes.
   mutable std::vector<std::string> notes;
+  /// True when the restore may continue over files added to or removed from a file source's
+  /// glob (the opt-in, OnDataChange::kContinue): a change of data identity, not of a declared
+  /// parameter, which FileSource::restore reads through current().
+  bool files = false;
+  /// For each node of the pipeline (by name), the nodes after it (before batch) that hold
+  /// something of their upstream (UpstreamHold other than kNothing), in order — what a file
+  /// change of that node must continue through. A node not listed (one inside a mix's input)
+  /// is not known here.
+  std::map<std::string, std::vector<std::pair<UpstreamHold, std::string>>> holds_after;
+
+  /// The DataChange of the restore running on this thread (restore_nodes sets it), or null.
+  static const DataChange* current();
+
+  /// Makes `change` the current() one of this thread while it lives.
+  class Scope {
+   public:
+    explicit Scope(const DataChange* change);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    const DataChange* previous_;
+  };
 
   bool touches(const std::string& node) const {
     for (const auto& n : nodes)

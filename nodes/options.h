@@ -234,6 +234,7 @@ ParamSchema schema_row(const Field<O, T>& f) {
   p.min = f.spec.min;
   p.max = f.spec.max;
   p.free = f.spec.free;
+  p.data = f.spec.data;
   p.auto_value = f.spec.auto_value;
   p.default_doc = f.spec.default_doc;
   if (f.spec.check != nullptr) p.check = f.spec.check;

@@ -186,6 +186,7 @@ std::string describe_params(const std::vector<ParamSchema>& params, std::string_
     if (!p.choices.empty()) line += ", one of: " + join(p.choices);
     if (p.auto_value) line += ", or auto";
     if (p.free) line += ", free";
+    if (p.data) line += ", data";
     line += "): " + p.doc + "\n";
     out += line;
   }

@@ -59,6 +59,9 @@ struct ParamSchema {
   /// A free parameter never changes the output (worker counts, depths, devices); it is left
   /// out of the fingerprint.
   bool free = false;
+  /// A data parameter (FieldSpec::data, DescribedParam::data): a resume that opts in continues
+  /// over a change of it (docs/DECISIONS.md "Changing the data mid-run").
+  bool data = false;
   /// kUInt only: the word `auto` is accepted too, as kAuto (0); a written 0 is still out of
   /// range. Only free parameters take it (the runtime tunes them, graph/autotune.h).
   bool auto_value = false;

@@ -18,7 +18,9 @@ const NodeDef& shard_node() {
        .phase = Phase::kSpine,
        .doc = "splits the records (before batch) or each global batch (after batch) across "
               "ranks; every record goes to one rank per epoch",
-       .splits_ranks = true},
+       .splits_ranks = true,
+       // Each rank's range is cut from the epoch's size: files removed mid-epoch move it.
+       .holds_upstream = UpstreamHold::kPositions},
       [](BuildContext& ctx, const ShardOptions& o) {
         if (o.after_batch) {
           const BatchSlice slice{.rank = *o.rank, .world = *o.world, .uneven = o.uneven};

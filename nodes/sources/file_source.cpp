@@ -203,6 +203,13 @@ std::string inspect_file_source(InArchive& ar, const InspectContext& ctx) {
     }
     j.add_raw("files", files + "]");
   }
+  if (s.epoch_files) {
+    // The epoch continues over the files it started with (a change of the files within it).
+    std::string files = "[";
+    for (const auto& f : s.epoch_files->files)
+      files += (files.size() > 1 ? "," : "") + JsonObject().add("name", f.name).str();
+    j.add("changed_at", s.changed_at).add_raw("epoch_files", files + "]");
+  }
   return j.str();
 }
 
@@ -230,7 +237,9 @@ void FileSource::add_file(const ExpandedPath& path, const MappedFile& file, std:
   first_.push_back(total_);
 }
 
-Ref FileSource::at(std::uint64_t, std::uint64_t i) const {
+Ref FileSource::at(std::uint64_t epoch, std::uint64_t i) const {
+  if (view_ && epoch == view_->epoch) [[unlikely]]
+    return view_at(i);
   // The file holding i: the last k with first_[k] <= i.
   auto it = std::upper_bound(first_.begin(), first_.end(), i);
   auto k = static_cast<std::uint32_t>(it - first_.begin() - 1);
@@ -240,11 +249,17 @@ Ref FileSource::at(std::uint64_t, std::uint64_t i) const {
 void FileSource::start_epoch(std::uint64_t epoch) {
   state_.epoch = epoch;
   state_.cursor = 0;
+  if (view_ && epoch != view_->epoch) {
+    // A new epoch reads the files opened: the epoch that started with others has ended.
+    view_ = nullptr;
+    state_.epoch_files = nullptr;
+    state_.changed_at = 0;
+  }
 }
 
 std::size_t FileSource::pull(std::span<Ref> out) {
-  std::size_t n =
-      static_cast<std::size_t>(std::min<std::uint64_t>(out.size(), total_ - state_.cursor));
+  std::size_t n = static_cast<std::size_t>(
+      std::min<std::uint64_t>(out.size(), size(state_.epoch) - state_.cursor));
   for (std::size_t j = 0; j < n; ++j) out[j] = at(state_.epoch, state_.cursor + j);
   state_.cursor += n;
   return n;
@@ -266,14 +281,16 @@ void FileSource::restore(InArchive& ar) {
   ar(s);
   if (s.identity) {
     const auto diffs = identity_differences(*s.identity, *identity_, unit_, verify_);
-    if (!diffs.empty()) {
-      std::string reason;
-      for (const auto& d : diffs) reason += (reason.empty() ? "" : "\n") + name() + ": " + d;
-      throw CheckpointError(name(), reason);
-    }
+    if (!diffs.empty()) s = continue_over_files(std::move(s), diffs);
   }
-  validate(s);
-  state_ = {s.epoch, s.cursor, identity_};
+  std::shared_ptr<const FileEpochView> view;
+  if (s.epoch_files) view = epoch_view(s);
+  const std::uint64_t n = view ? view->size : total_;
+  if (s.cursor > n)
+    throw CheckpointError(name(), kind_ + " cursor " + std::to_string(s.cursor) +
+                                      " is past the source's " + std::to_string(n) + " records");
+  state_ = {s.epoch, s.cursor, identity_, s.epoch_files, s.changed_at};
+  view_ = std::move(view);
 }
 
 void FileSource::restore_legacy(InArchive& ar) {
@@ -282,6 +299,7 @@ void FileSource::restore_legacy(InArchive& ar) {
   FileSourceState s{c.epoch, c.cursor, identity_};
   validate(s);
   state_ = std::move(s);
+  view_ = nullptr;
 }
 
 void FileSource::validate(const FileSourceState& s) const {

@@ -171,16 +171,40 @@ struct FileSourceState {
   std::uint64_t epoch = 0;
   std::uint64_t cursor = 0;                      ///< Refs emitted in this epoch
   std::shared_ptr<const DataIdentity> identity;  ///< null: none recorded
+  /// The files this epoch started with, when the run continued over files added to or
+  /// removed from the glob during it (FileSource::restore, DataChange::files); null otherwise.
+  /// On disk the identity's byte is 4 instead of 2, and `changed_at` and this identity (a blob
+  /// too) follow it (a file source's entry delimits itself: it may be followed by other nodes'
+  /// states).
+  std::shared_ptr<const DataIdentity> epoch_files;
+  std::uint64_t changed_at = 0;  ///< the cursor when the files changed (with epoch_files)
+  /// `identity` as a state blob: its own archive wrapped by wrap_blob.
+  template <class Archive>
+  static std::string identity_blob(const DataIdentity& identity) {
+    std::ostringstream os(std::ios::binary);
+    {
+      Archive inner(os);
+      inner(identity);
+    }
+    return wrap_blob(os.view());
+  }
+  /// Reads a blob written by identity_blob into `out`.
+  template <class Archive>
+  static void load_identity_blob(Archive& ar, DataIdentity& out) {
+    std::string blob;
+    load_bounded(ar, blob);
+    const std::string_view payload = unwrap_blob(blob);
+    std::istringstream is{std::string(payload), std::ios::binary};
+    StateReadLimit limit(payload.size());
+    InArchive inner(is);
+    inner(out);
+  }
   template <class Archive>
   void save(Archive& ar) const {
     ar(CursorState{epoch, cursor});
     if (!identity) return;
-    std::ostringstream os(std::ios::binary);
-    {
-      Archive inner(os);
-      inner(*identity);
-    }
-    ar(std::uint8_t{2}, wrap_blob(os.view()));
+    ar(static_cast<std::uint8_t>(epoch_files ? 4 : 2), identity_blob<Archive>(*identity));
+    if (epoch_files) ar(changed_at, identity_blob<Archive>(*epoch_files));
   }
   /// Reads a state from an archive holding its entry alone (the optional identity ends it).
   template <class Archive>
@@ -199,20 +223,38 @@ struct FileSourceState {
     auto loaded = std::make_shared<DataIdentity>();
     if (more == 1) {
       ar(*loaded);
-    } else if (more == 2) {
-      std::string blob;
-      load_bounded(ar, blob);
-      const std::string_view payload = unwrap_blob(blob);
-      std::istringstream is{std::string(payload), std::ios::binary};
-      StateReadLimit limit(payload.size());
-      InArchive inner(is);
-      inner(*loaded);
+    } else if (more == 2 || more == 4) {
+      load_identity_blob(ar, *loaded);
     } else {
       throw std::runtime_error("unexpected byte " + std::to_string(more) +
                                " after the cursor of a file source");
     }
     identity = std::move(loaded);
+    epoch_files = nullptr;
+    changed_at = 0;
+    if (more == 4) {  // the epoch continues over the files it started with
+      auto files = std::make_shared<DataIdentity>();
+      ar(changed_at);
+      load_identity_blob(ar, *files);
+      epoch_files = std::move(files);
+    }
   }
+};
+
+/// How the epoch in progress reads the files it started with after files were added to or
+/// removed from the glob (FileSource::restore): its positions, in spans of the epoch's files'
+/// own record numbers, and where each of those files is now.
+struct FileEpochView {
+  /// Positions [at, at + count) of the epoch are its files' records [from, from + count).
+  struct Span {
+    std::uint64_t at = 0, from = 0, count = 0;
+  };
+  static constexpr std::uint32_t kGone = ~std::uint32_t{0};
+  std::uint64_t epoch = 0;
+  std::uint64_t size = 0;            ///< positions in the epoch
+  std::vector<Span> spans;           ///< in order of position
+  std::vector<std::uint64_t> first;  ///< the epoch's files' first record numbers, plus the total
+  std::vector<std::uint32_t> now;    ///< each of the epoch's files' number now, or kGone
 };
 
 /// The InspectFn of file sources: epoch, cursor and, when recorded, the files (name, bytes,
@@ -226,13 +268,17 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// `source_id` goes into its Refs.
   FileSource(std::string name, std::string kind, std::string unit, std::uint32_t source_id);
 
-  std::uint64_t size(std::uint64_t) const final { return total_; }
+  std::uint64_t size(std::uint64_t epoch) const final {
+    return view_ && epoch == view_->epoch ? view_->size : total_;
+  }
   bool indexed() const final { return true; }
   Ref at(std::uint64_t epoch, std::uint64_t i) const final;
   void start_epoch(std::uint64_t epoch) final;
   std::size_t pull(std::span<Ref> out) final;
   /// Loads the cursor and, when the state recorded one, compares the data's identity with the
-  /// files opened: a difference is a CheckpointError listing each, one per line.
+  /// files opened: a difference is a CheckpointError listing each, one per line — unless the
+  /// restore opted in (DataChange::current()->files) and the files were only added to or
+  /// removed from the glob, which continue by continue_over_files' rules.
   void restore(InArchive& ar) final;
   /// A first-format stamp holds a CursorState alone (no identity).
   void restore_legacy(InArchive& ar) final;
@@ -265,6 +311,18 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   void validate(const FileSourceState& s) const final;
   [[noreturn]] void out_of_range(const Ref& ref) const;
 
+  /// The state `s`, whose identity differs from the files opened by `diffs`, carried over to
+  /// them (file_change.cpp): the epoch in progress finishes over the files it started with
+  /// (less the unread records of files removed), the next reads the files now. Notes what it
+  /// did in the current DataChange; throws CheckpointError when the restore did not opt in or
+  /// the change cannot continue exactly.
+  FileSourceState continue_over_files(FileSourceState s,
+                                      const std::vector<std::string>& diffs) const;
+  /// The view of `s`'s epoch over `s.epoch_files` (file_change.cpp).
+  std::shared_ptr<const FileEpochView> epoch_view(const FileSourceState& s) const;
+  /// Position `i` of the view's epoch: the record of the epoch's files, numbered as now.
+  Ref view_at(std::uint64_t i) const;
+
   std::uint32_t source_id_;
   std::vector<std::string> files_;
 
@@ -276,6 +334,9 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   std::vector<std::uint64_t> first_{0};  ///< first global index of each file, plus the total
   std::vector<std::shared_ptr<const void>> keep_;  ///< each file's ExpandedPath::keep
   std::uint64_t total_ = 0;
+  /// The epoch that finishes over the files it started with (see continue_over_files); null
+  /// when every epoch reads the files opened.
+  std::shared_ptr<const FileEpochView> view_;
 };
 
 /// The build function of a file source `Source` (constructed as Source(name, options, id)).

@@ -881,8 +881,10 @@ class Loader:
         """Continues from state_dict(). Raises CheckpointError naming what differs when it was
         saved by a pipeline whose output differs, or what is missing when it is not one.
         data_changed="continue" continues over a pipeline that differs only in data
-        parameters (a mix's weights or inputs) by each node's rule (docs/DECISIONS.md); the
-        change is recorded in `data_changes`."""
+        parameters (a mix's weights or inputs), or over files added to or removed from a
+        source's glob (added: from the next epoch; removed: their unread records of this epoch
+        skipped), by each node's rule (docs/DECISIONS.md); the change is recorded in
+        `data_changes`."""
         self._check_open()
         _data_changed(data_changed)
         if not isinstance(state_dict, Mapping):

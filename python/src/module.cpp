@@ -42,6 +42,7 @@ py::dict param_dict(const ParamSchema& p) {
   d["max"] = p.max ? py::cast(*p.max) : py::none();
   d["choices"] = p.choices;
   d["free"] = p.free;
+  d["data"] = p.data;
   d["default_doc"] = p.default_doc;
   return d;
 }

@@ -642,8 +642,10 @@ TEST_F(Cli, ResumeRefusesDataThatChangedSinceTheCheckpoint) {
   EXPECT_EQ(r.status, 4) << r.err;
   EXPECT_EQ(r.err,
             "flowstate: error: cannot restore ck/step-000000000020: records: "
-            "data/part-00002.bin was in the checkpoint and is gone [file "
-            "ck/step-000000000020/state.bin]\n");
+            "data/part-00002.bin was in the checkpoint and is gone\n(only files were added or "
+            "removed: to continue over them, opt in with `flowstate run --data-changed continue`, "
+            "LoaderOptions::on_data_change or load_state_dict(state, data_changed=\"continue\")) "
+            "[file ck/step-000000000020/state.bin]\n");
 }
 
 TEST_F(Cli, ResumeRefusesCheckpointsThatAllFailToVerify) {
@@ -1055,6 +1057,16 @@ TEST_F(Cli, SchemaListsEveryNodeAndTransform) {
                        "the shuffle buffer\n"),
             std::string::npos)
       << r.out;
+  // Data parameters (a resume may continue over them, --data-changed continue) are marked.
+  r = run({"schema", "mix"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find(", required, data): one positive number per input\n"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(", required, data): input pipeline files"), std::string::npos) << r.out;
+  const auto stop = r.out.find("\n  stop (");
+  ASSERT_NE(stop, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(stop, r.out.find('\n', stop + 1) - stop).find(", data)"),
+            std::string::npos);
   r = run({"schema", "nope"});
   EXPECT_EQ(r.status, 2);
 }

@@ -7,8 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "flowstate/core/hash.h"
@@ -177,6 +179,131 @@ TEST_F(CliDataChange, ABadScheduleIsAUsageErrorNamingItsLine) {
   r = run({"run", "mix.yaml", "--steps", "5", "--mix-weights", "1:nope=1,1"});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_NE(r.err.find("'nope' is not a mix node"), std::string::npos) << r.err;
+}
+
+/// The refs of provenance lines (`<step> <epoch> <index> <source>:<index>...`) of `epoch`,
+/// as record numbers, in order.
+std::vector<std::uint64_t> provenance_refs(const std::vector<std::string>& lines,
+                                           std::uint64_t epoch) {
+  std::vector<std::uint64_t> out;
+  for (const auto& line : lines) {
+    if (line.starts_with("#")) continue;
+    std::istringstream in(line);
+    std::uint64_t step = 0, e = 0, index = 0;
+    in >> step >> e >> index;
+    if (e != epoch) continue;
+    std::string ref;
+    while (in >> ref) out.push_back(std::stoull(ref.substr(ref.find(':') + 1)));
+  }
+  return out;
+}
+
+/// The lines of `epoch` without their step (`<epoch> <index> <refs>`).
+std::vector<std::string> without_steps(const std::vector<std::string>& lines, std::uint64_t epoch) {
+  std::vector<std::string> out;
+  for (const auto& line : lines) {
+    if (line.starts_with("#")) continue;
+    const std::string rest = line.substr(line.find(' ') + 1);
+    if (rest.starts_with(std::to_string(epoch) + " ")) out.push_back(rest);
+  }
+  return out;
+}
+
+/// A source over `data/part-*.bin` (4 files of 500 records), globally shuffled or not, batches
+/// of 4, two epochs.
+std::string glob_pipeline(bool shuffle) {
+  return std::string(
+             "seed: 4\nsource: {type: records, paths: 'data/part-*.bin', record_bytes: "
+             "16}\nnodes:\n") +
+         (shuffle ? "  - shuffle: {mode: global}\n" : "") + "  - batch: {size: 4}\nepochs: 2\n";
+}
+
+TEST_F(CliDataChange, AFileAddedToTheGlobWaitsForTheNextEpoch) {
+  write_file(path("glob.yaml"), glob_pipeline(true));
+  CliResult r = run({"run", "glob.yaml", "--provenance", "full.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto full = read_lines(path("full.txt"));
+  ASSERT_EQ(full.size(), 1000u);
+  r = run({"run", "glob.yaml", "--steps", "100", "--checkpoint-dir", "ck", "--checkpoint-every",
+           "50", "--provenance", "p.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // A fifth file: records 2000..2499 (shard 4 of a data set of 2500 in 5).
+  r = run({"gen", "records", "--out", "more", "--records", "2500", "--record-bytes", "16",
+           "--shards", "5"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  fs::copy_file(path("more/part-00004.bin"), path("data/part-00004.bin"));
+
+  r = run({"run", "glob.yaml", "--checkpoint-dir", "ck", "--resume"});
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_NE(r.err.find("records: data/part-00004.bin is new (not in the checkpoint)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--data-changed continue"), std::string::npos) << r.err;
+
+  r = run({"run", "glob.yaml", "--checkpoint-dir", "ck", "--checkpoint-every", "50", "--resume",
+           "--data-changed", "continue", "--provenance", "p.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string note =
+      "data change at step 100: records: data/part-00004.bin added (500 records): epoch 0 "
+      "finishes over the 4 files it started with, epoch 1 reads 5";
+  EXPECT_NE(r.err.find(note), std::string::npos) << r.err;
+  const auto lines = read_lines(path("p.txt"));
+  ASSERT_EQ(lines.size(), 500u + 1 + 625u);
+  EXPECT_EQ(lines[100], "# " + note);
+  // Epoch 0: the uninterrupted run's, line for line (the file came last: numbers unchanged),
+  // so every record of the four files once.
+  std::vector<std::string> epoch0(lines.begin(), lines.begin() + 100);
+  epoch0.insert(epoch0.end(), lines.begin() + 101, lines.begin() + 501);
+  EXPECT_EQ(epoch0, std::vector<std::string>(full.begin(), full.begin() + 500));
+  auto refs = provenance_refs(lines, 0);
+  std::sort(refs.begin(), refs.end());
+  ASSERT_EQ(refs.size(), 2000u);
+  for (std::uint64_t i = 0; i < 2000; ++i) ASSERT_EQ(refs[i], i);
+  // Epoch 1: a fresh run's over the five files.
+  r = run({"run", "glob.yaml", "--provenance", "fresh.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(without_steps(lines, 1), without_steps(read_lines(path("fresh.txt")), 1));
+  // inspect shows the history.
+  r = run({"inspect", "ck"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("data changes:\n  step 100: records: data/part-00004.bin added"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(CliDataChange, AFileRemovedFromTheGlobHasItsUnreadRecordsSkipped) {
+  write_file(path("seq.yaml"), glob_pipeline(false));
+  CliResult r = run({"run", "seq.yaml", "--steps", "150", "--checkpoint-dir", "ck",
+                     "--checkpoint-every", "150", "--provenance", "p.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  // 600 records read: part-00001.bin (records 500..999) up to its 100th.
+  fs::remove(path("data/part-00001.bin"));
+  r = run({"run", "seq.yaml", "--checkpoint-dir", "ck", "--resume"});
+  EXPECT_EQ(r.status, 4) << r.err;
+  EXPECT_NE(r.err.find("records: data/part-00001.bin was in the checkpoint and is gone"),
+            std::string::npos)
+      << r.err;
+  r = run({"run", "seq.yaml", "--checkpoint-dir", "ck", "--resume", "--data-changed", "continue",
+           "--provenance", "p.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("data change at step 150: records: data/part-00001.bin removed: 400 "
+                       "records of its 500 not yet read in epoch 0 are skipped"),
+            std::string::npos)
+      << r.err;
+  const auto lines = read_lines(path("p.txt"));
+  // Records are numbered as the files now number them: part-00002.bin's first is 500.
+  const auto before =
+      provenance_refs(std::vector<std::string>(lines.begin(), lines.begin() + 150), 0);
+  const auto after = provenance_refs(std::vector<std::string>(lines.begin() + 150, lines.end()), 0);
+  ASSERT_EQ(before.size(), 600u);
+  ASSERT_EQ(after.size(), 1000u);  // the other files' 1000, none of part-00001's 400 unread
+  for (std::uint64_t i = 0; i < 600; ++i) EXPECT_EQ(before[i], i);
+  // Now numbered: part-00002.bin from 500, part-00003.bin from 1000 — records 1000..1999 then.
+  for (std::uint64_t i = 0; i < 1000; ++i) EXPECT_EQ(after[i], 500 + i);
+  r = run({"run", "seq.yaml", "--provenance", "fresh.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(without_steps(lines, 1), without_steps(read_lines(path("fresh.txt")), 1));
+  EXPECT_EQ(without_steps(lines, 1).size(), 375u);
 }
 
 }  // namespace

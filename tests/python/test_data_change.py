@@ -3,11 +3,13 @@ a real process killed with SIGKILL after step 300 and resumed from its state_dic
 uninterrupted run's bytes; load_state_dict(state, data_changed="continue") opts into a changed
 pipeline, which is refused without it."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from conftest import RECORD_BYTES, flowstate
@@ -102,3 +104,42 @@ def test_a_changed_mix_needs_the_opt_in(tmp_path, data_dir):
             "      mix.inputs[2]: absent in checkpoint") in text
     with pytest.raises(flowstate.ConfigError, match="'nope' is not a mix node"):
         loader.set_mix_weights("nope", [1, 1, 1])
+
+
+def test_a_file_added_to_the_glob_waits_for_the_next_epoch(tmp_path, data_dir):
+    """A file added to the source's glob: refused without the opt-in; with it, epoch 0 finishes
+    over the file it started with and epoch 1 is a fresh pipeline's over both."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(data_dir / "part-00000.bin", data / "part-00000.bin")
+    doc = {"seed": 3, "epochs": 2,
+           "source": {"type": "records", "paths": str(data / "*.bin"),
+                      "record_bytes": RECORD_BYTES},
+           "nodes": [{"shuffle": {"mode": "global"}}, {"batch": {"size": 50}}]}
+
+    def ids(batch):
+        return batch["data"].numpy()[:, :4].copy().view(np.uint32).ravel().tolist()
+
+    before = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    first = [i for _ in range(4) for i in ids(next(before))]
+    sd = before.state_dict()
+    old_rest = [i for b in before if b.info.epoch == 0 for i in ids(b)]
+
+    shutil.copy(data_dir / "part-00001.bin", data / "part-00001.bin")
+    refused = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    with pytest.raises(flowstate.CheckpointError, match="part-00001.bin is new"):
+        refused.load_state_dict(sd)
+    loader = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    loader.load_state_dict(sd, data_changed="continue")
+    batches = list(loader) + list(loader)  # the rest of epoch 0, then epoch 1
+    rest = [i for b in batches if b.info.epoch == 0 for i in ids(b)]
+    assert rest == old_rest
+    assert sorted(first + rest) == list(range(1000))
+    fresh = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    fresh_batches = list(fresh) + list(fresh)
+    expected = [i for b in fresh_batches if b.info.epoch == 1 for i in ids(b)]
+    assert [i for b in batches if b.info.epoch == 1 for i in ids(b)] == expected
+    assert sorted(expected) == list(range(2000))
+    [(step, what)] = loader.data_changes
+    assert step == 4
+    assert "part-00001.bin added (1000 records): epoch 0 finishes over the 1 files" in what

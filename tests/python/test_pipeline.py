@@ -18,6 +18,10 @@ def test_schema_lists_every_node_with_its_parameters():
     size = next(p for p in types["batch"]["params"] if p["name"] == "size")
     assert size["required"] and size["min"] == 1 and size["type"] == "an unsigned integer"
     assert types["records"]["source"] and not types["batch"]["source"]
+    # Data parameters (a resume may continue over a change of them) are marked.
+    mix = {p["name"]: p for p in types["mix"]["params"]}
+    assert mix["weights"]["data"] and mix["inputs"]["data"] and not mix["stop"]["data"]
+    assert not size["data"]
 
 
 def test_builder_methods_are_generated_from_the_registry():

@@ -23,6 +23,12 @@
 namespace flowstate {
 namespace {
 
+/// What a refusal of files only added or removed ends with: how to continue over them.
+constexpr const char* kOptInHint =
+    "\n(only files were added or removed: to continue over them, opt in with `flowstate run "
+    "--data-changed continue`, LoaderOptions::on_data_change or load_state_dict(state, "
+    "data_changed=\"continue\"))";
+
 namespace fs = std::filesystem;
 using testing::BatchTrace;
 using testing::checkpoint_error;
@@ -129,12 +135,12 @@ TEST_P(CheckpointDataIdentity, ResumesExactlyOnTheSameData) {
 
 TEST_P(CheckpointDataIdentity, RefusesADeletedFile) {
   fs::remove(file(2));
-  EXPECT_EQ(refusal(), prefix() + name(2) + " was in the checkpoint and is gone");
+  EXPECT_EQ(refusal(), prefix() + name(2) + " was in the checkpoint and is gone" + kOptInHint);
 }
 
 TEST_P(CheckpointDataIdentity, RefusesAnAddedFile) {
   write(3, 5);
-  EXPECT_EQ(refusal(), prefix() + name(3) + " is new (not in the checkpoint)");
+  EXPECT_EQ(refusal(), prefix() + name(3) + " is new (not in the checkpoint)" + kOptInHint);
 }
 
 TEST_P(CheckpointDataIdentity, RefusesAResizedFile) {
@@ -163,7 +169,7 @@ TEST_P(CheckpointDataIdentity, ListsEveryDifferenceOnALineOfItsOwn) {
   fs::remove(file(0));
   write(3, 5);
   EXPECT_EQ(refusal(), prefix() + name(0) + " was in the checkpoint and is gone\n" + kind().type +
-                           ": " + name(3) + " is new (not in the checkpoint)");
+                           ": " + name(3) + " is new (not in the checkpoint)" + kOptInHint);
 }
 
 TEST_P(CheckpointDataIdentity, ResumesExactlyAfterTheProjectDirectoryWasRenamed) {
