@@ -37,8 +37,9 @@ struct LoaderObserver;
 }
 
 /// What a restore does with a state whose pipeline differs from this one only in data
-/// parameters (a mix's weights or inputs; DescribedParam::data). Any other difference is
-/// refused either way.
+/// parameters (a mix's weights or inputs; DescribedParam::data) or in the files a source's
+/// glob matches (files added or removed; a file whose contents changed is refused). Any other
+/// difference is refused either way.
 enum class OnDataChange : std::uint8_t {
   kRefuse,    ///< refuse it, naming what differs (the default)
   kContinue,  ///< continue by each changed node's rule (docs/DECISIONS.md), recorded in the state
@@ -78,8 +79,9 @@ struct LoaderOptions {
   /// Seconds between metrics samples. A sample is taken by next(), so a consumer that
   /// stops calling it gets none meanwhile.
   double metrics_interval_s = 1.0;
-  /// A restore (load_state, restore) of a state saved with other data parameters: refused,
-  /// or continued by the changed nodes' rules (OnDataChange).
+  /// A restore (load_state, restore) of a state saved with other data parameters, or over
+  /// files added to or removed from a source's glob: refused, or continued by the changed
+  /// nodes' rules (OnDataChange).
   OnDataChange on_data_change = OnDataChange::kRefuse;
 };
 
