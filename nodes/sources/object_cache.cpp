@@ -321,27 +321,9 @@ std::vector<std::shared_ptr<const CachePin>> ObjectCache::fetch(
     for (std::size_t i = 0; i < objects.size(); ++i)
       if (!(pins[i] = lookup(objects[i]))) missing.push_back(i);
   }
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto work = [&] {
-    for (std::size_t j; (j = next.fetch_add(1)) < missing.size();) {
-      try {
-        pins[missing[j]] = download(objects[missing[j]], remote);
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!error) error = std::current_exception();
-        next = missing.size();
-      }
-    }
-  };
-  const int n = std::clamp<int>(remote.connections, 1,
-                                static_cast<int>(std::max<std::size_t>(1, missing.size())));
-  std::vector<std::thread> threads;
-  for (int t = 1; t < n; ++t) threads.emplace_back(work);
-  work();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  for_each_connection(missing.size(), remote.connections, [&](std::size_t j) {
+    pins[missing[j]] = download(objects[missing[j]], remote);
+  });
   return pins;
 }
 

@@ -360,33 +360,16 @@ std::vector<RemoteObject> list_s3(const std::string& pattern, const RemoteSettin
 std::vector<RemoteObject> list_http(const std::string& pattern, const RemoteSettings& s) {
   const auto urls = expand_braces(pattern);
   std::vector<RemoteObject> out(urls.size());
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < urls.size();) {
-      try {
-        const std::string shown = redact_url(urls[i]);
-        Request req{.url = urls[i], .head = true};
-        g_heads.fetch_add(1, std::memory_order_relaxed);
-        Response r = with_retries(req, s, shown, "read");
-        if (!r.has_length)
-          throw DataError(shown, DataError::kNoOffset,
-                          "cannot read '" + shown + "': the server sent no Content-Length");
-        out[i] = {.url = shown, .fetch_url = urls[i], .size = r.content_length, .etag = r.etag};
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!error) error = std::current_exception();
-        next = urls.size();
-      }
-    }
-  };
-  const int n = std::clamp<int>(s.connections, 1, static_cast<int>(urls.size()));
-  std::vector<std::thread> threads;
-  for (int t = 1; t < n; ++t) threads.emplace_back(work);
-  work();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  for_each_connection(urls.size(), s.connections, [&](std::size_t i) {
+    const std::string shown = redact_url(urls[i]);
+    Request req{.url = urls[i], .head = true};
+    g_heads.fetch_add(1, std::memory_order_relaxed);
+    Response r = with_retries(req, s, shown, "read");
+    if (!r.has_length)
+      throw DataError(shown, DataError::kNoOffset,
+                      "cannot read '" + shown + "': the server sent no Content-Length");
+    out[i] = {.url = shown, .fetch_url = urls[i], .size = r.content_length, .etag = r.etag};
+  });
   return out;
 }
 
@@ -575,6 +558,30 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
 
 RemoteRequestCounts remote_request_counts() {
   return {g_lists.load(), g_heads.load(), g_gets.load(), g_retries.load()};
+}
+
+void for_each_connection(std::size_t count, int connections,
+                         const std::function<void(std::size_t)>& fn) {
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < count;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!error) error = std::current_exception();
+        next = count;
+      }
+    }
+  };
+  const int n = std::clamp<int>(connections, 1, static_cast<int>(std::max<std::size_t>(1, count)));
+  std::vector<std::thread> threads;
+  for (int t = 1; t < n; ++t) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace flowstate

@@ -85,6 +85,12 @@ struct RemoteObject {
 /// DataError naming the (redacted) URL, the HTTP status and the attempts.
 std::vector<RemoteObject> list_remote(const std::string& pattern, const RemoteSettings& settings);
 
+/// Calls `fn(i)` for every i in [0, count) on up to `connections` threads (the caller's
+/// included), each taking the next index; the first exception any call throws stops the
+/// others from taking more and is rethrown once all have returned.
+void for_each_connection(std::size_t count, int connections,
+                         const std::function<void(std::size_t)>& fn);
+
 /// Downloads `object` into the open file `fd` (bytes [0, size) written at their offsets),
 /// retrying per `settings` and resuming at the first byte not yet received. Each GET sends
 /// If-Match with the listed ETag: an object changed since it was listed is a DataError, never a

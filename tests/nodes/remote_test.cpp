@@ -9,9 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -271,6 +273,27 @@ TEST(ObjectCache, ADownloadErrorNamesTheUrlTheCauseAndTheAttempts) {
     EXPECT_NE(m.find("(after 3 attempts)"), std::string::npos) << m;
     EXPECT_EQ(e.file(), "https://example.invalid/x");
   }
+}
+
+}  // namespace
+}  // namespace flowstate
+
+namespace flowstate {
+namespace {
+
+TEST(RemoteConnections, EachIndexRunsOnceAndTheFirstErrorStopsTheRest) {
+  for_each_connection(0, 8, [](std::size_t) { FAIL() << "no index to run"; });
+  std::vector<std::atomic<int>> runs(100);
+  for_each_connection(runs.size(), 4, [&](std::size_t i) { runs[i].fetch_add(1); });
+  for (const auto& r : runs) EXPECT_EQ(r.load(), 1);
+  std::atomic<int> calls{0};
+  EXPECT_THROW(for_each_connection(1000, 1,
+                                   [&](std::size_t i) {
+                                     calls.fetch_add(1);
+                                     if (i == 3) throw std::runtime_error("cut");
+                                   }),
+               std::runtime_error);
+  EXPECT_EQ(calls.load(), 4);  // one connection: indexes 0..3, none after the error
 }
 
 }  // namespace
