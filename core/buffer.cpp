@@ -3,6 +3,10 @@
 #include <cstdlib>
 #include <new>
 
+#if __has_include(<sys/mman.h>)
+#include <sys/mman.h>
+#endif
+
 namespace flowstate {
 
 std::string Device::to_string() const {
@@ -19,11 +23,22 @@ std::string Device::to_string() const {
 
 namespace {
 constexpr std::size_t kAlign = 64;
+/// Blocks of at least this many bytes (a batch of images: 256 × 600 kB) are aligned to and
+/// sized in 2 MB huge pages, and asked to be backed by them (MADV_HUGEPAGE; the kernel's
+/// `transparent_hugepage` setting "madvise" honours only this): a first touch then faults
+/// once per 2 MB instead of once per 4 kB, which on a virtual machine was ~10% of an image
+/// pipeline's time (bench/RESULTS.md, "Toward 2×"). Where the kernel says no, nothing changes.
+constexpr std::size_t kHugeThreshold = std::size_t{8} << 20;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 void* aligned_host(std::size_t size) {
-  std::size_t rounded = (size + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
+  const std::size_t align = size >= kHugeThreshold ? kHugePage : kAlign;
+  std::size_t rounded = (size + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
   if (p == nullptr) throw std::bad_alloc();
+#if defined(MADV_HUGEPAGE)
+  if (align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
   return p;
 }
 }  // namespace

@@ -258,6 +258,48 @@ void release_records(const RecordStore* store, std::span<const Ref> refs) {
 
 }  // namespace
 
+Tensor BatchSlots::tensor(FieldId id, DType dtype, const Shape& shape, std::size_t index) {
+  Field* f = nullptr;
+  for (auto& g : fields_)
+    if (g.id == id) f = &g;
+  if (f == nullptr) {
+    f = &fields_.emplace_back();
+    f->id = id;
+    f->dtype = dtype;
+    f->shape = shape;
+    f->bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+    if (f->bytes > 0) f->buffer = pool_->acquire(f->bytes * size_);
+    f->handed.assign(size_, false);
+  }
+  if (f->buffer == nullptr || index >= size_ || f->handed[index] || f->dtype != dtype ||
+      !(f->shape == shape))
+    return Tensor(dtype, shape);
+  f->handed[index] = true;
+  return Tensor(f->buffer, index * f->bytes, dtype, shape);
+}
+
+Tensor BatchSlots::adopt(FieldId id, const std::vector<Sample>& samples) {
+  for (auto& f : fields_) {
+    if (f.id != id) continue;
+    if (f.adopted || f.buffer == nullptr || samples.size() != size_) return {};
+    const auto* base = static_cast<const std::byte*>(f.buffer->data());
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const Tensor* t = samples[i].find(id);
+      if (t == nullptr || t->dtype() != f.dtype || !(t->shape() == f.shape) ||
+          t->data() != base + i * f.bytes)
+        return {};
+    }
+    f.adopted = true;
+    return Tensor(f.buffer, 0, f.dtype, f.shape.prepend(static_cast<std::int64_t>(size_)));
+  }
+  return {};
+}
+
+Tensor output_tensor(MapContext& ctx, FieldId id, DType dtype, Shape shape) {
+  if (ctx.slots != nullptr) return ctx.slots->tensor(id, dtype, shape, ctx.index);
+  return Tensor(dtype, std::move(shape));
+}
+
 std::vector<std::string> BatchAssembler::stage_names(const std::string& batch_name) const {
   std::vector<std::string> names{store_name_};
   for (const auto& st : sample_stages_) names.push_back(st.name);
@@ -349,6 +391,10 @@ void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes*
     mark(0, n, n * store_->record_bytes());
   } else {
     std::vector<Sample> samples(n);
+    // Stacked fields' memory, offered to the maps (BatchSlots): collation adopts what they
+    // wrote there instead of copying it.
+    std::optional<BatchSlots> slots;
+    if (options_.collate == CollateMode::kStack) slots.emplace(*pool_, n);
     for (std::size_t c0 = 0; c0 < n; c0 += kChunk) {
       const std::size_t c1 = std::min(n, c0 + kChunk);
       std::uint64_t bytes = 0;
@@ -367,7 +413,8 @@ void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes*
         for (std::size_t i = c0; i < c1; ++i) {
           MapContext ctx{
               plan.info.epoch,
-              ElementRng(stage.key, element_stream(plan.info.epoch, plan.info.refs[i].record()))};
+              ElementRng(stage.key, element_stream(plan.info.epoch, plan.info.refs[i].record())),
+              slots ? &*slots : nullptr, i};
           try {
             stage.fn(samples[i], ctx);
           } catch (...) {
@@ -379,7 +426,7 @@ void BatchAssembler::assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes*
       }
     }
     try {
-      batch = collate(plan, samples);
+      batch = collate(plan, samples, slots ? &*slots : nullptr);
     } catch (...) {
       rethrow_with_node(std::current_exception(), "batch");
     }
@@ -458,7 +505,8 @@ void fill_value(std::byte* dst, std::size_t n, DType t, double value) {
 
 }  // namespace
 
-Batch BatchAssembler::collate(BatchPlan& plan, std::vector<Sample>& samples) const {
+Batch BatchAssembler::collate(BatchPlan& plan, std::vector<Sample>& samples,
+                              BatchSlots* slots) const {
   Batch batch;
   const auto b = static_cast<std::int64_t>(samples.size());
   const std::uint64_t step = plan.info.step;
@@ -492,6 +540,13 @@ Batch BatchAssembler::collate(BatchPlan& plan, std::vector<Sample>& samples) con
                                      "equal shapes after the first dimension"));
       }
       if (mode == CollateMode::kStack) {
+        if (slots != nullptr) {
+          Tensor adopted = slots->adopt(id, samples);
+          if (adopted.defined()) {
+            batch.fields.set(id, std::move(adopted));
+            continue;
+          }
+        }
         std::size_t bytes = proto.nbytes();
         auto buffer = pool_->acquire(bytes * samples.size());
         auto* dst = static_cast<std::byte*>(buffer->data());

@@ -199,12 +199,61 @@ class BatchPlanner final : public StatefulSpineNode<BatchState> {
   bool epoch_had_refs_ = false;
 };
 
+/// The memory of one batch's stacked fields, offered to the per-sample maps while the batch is
+/// assembled: a map that makes a fresh tensor for a field (output_tensor) may get the sample's
+/// own slot of a [B, ...] buffer drawn from the batch's pool, and collation then takes that
+/// buffer as the field's batch tensor instead of copying every sample into a new one.
+///
+/// Exactness does not depend on what the maps do afterwards: collation adopts the buffer only
+/// when, for every sample i, the field's tensor still starts at slot i with the slot's dtype
+/// and shape (its bytes are then the slot's bytes, whatever maps ran after the one that wrote
+/// it); otherwise it copies, as without slots. Each field's buffer is adopted at most once.
+/// Used by one thread: the one assembling the batch.
+class BatchSlots {
+ public:
+  /// Slots for `batch_size` samples, in buffers from `pool`.
+  BatchSlots(BufferPool& pool, std::size_t batch_size) : pool_(&pool), size_(batch_size) {}
+
+  /// A tensor of `dtype` and `shape` for field `id` of the sample at `index` (< batch size):
+  /// its slot when the field's first request had the same dtype and shape (the buffer is
+  /// acquired then) and the slot was not handed out before, else a fresh tensor — so a map
+  /// never gets, as its output, the slot its input lies in.
+  Tensor tensor(FieldId id, DType dtype, const Shape& shape, std::size_t index);
+
+  /// Field `id`'s buffer as a [B, ...] tensor when every sample's tensor of the field is its
+  /// slot (see above); else an undefined tensor. Adopts a field's buffer at most once.
+  Tensor adopt(FieldId id, const std::vector<Sample>& samples);
+
+ private:
+  struct Field {
+    FieldId id = 0;
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    std::size_t bytes = 0;  ///< of one slot
+    std::shared_ptr<Buffer> buffer;
+    std::vector<bool> handed;  ///< per slot: handed out already
+    bool adopted = false;
+  };
+  BufferPool* pool_;
+  std::size_t size_;
+  std::vector<Field> fields_;
+};
+
 /// A per-sample transform: may change, add or remove fields. `rng` is the element's own
 /// counter-based generator, keyed by (pipeline seed, node, epoch, record).
 struct MapContext {
   std::uint64_t epoch = 0;
   ElementRng rng;
+  /// The batch's slots when the assembler runs the map (null elsewhere: a filter's look,
+  /// tests), and the sample's index in the batch.
+  BatchSlots* slots = nullptr;
+  std::size_t index = 0;
 };
+
+/// A fresh tensor for a map to write field `id`'s new value into: the sample's slot of its
+/// batch when the context offers one (BatchSlots), else a new allocation. Its contents are
+/// undefined until written.
+Tensor output_tensor(MapContext& ctx, FieldId id, DType dtype, Shape shape);
 using SampleFn = std::function<void(Sample&, MapContext&)>;
 /// Keeps a sample when it returns true. Must be thread-safe and deterministic in (sample,
 /// generator).
@@ -317,7 +366,9 @@ class BatchAssembler {
  private:
   void assemble_into(BatchPlan& plan, Batch& batch, AssemblyTimes* times) const;
   Batch gather(BatchPlan& plan) const;  // fast path: records straight into the batch buffer
-  Batch collate(BatchPlan& plan, std::vector<Sample>& samples) const;
+  /// Collates the mapped samples; stacked fields the maps wrote into `slots` (when given)
+  /// are adopted rather than copied.
+  Batch collate(BatchPlan& plan, std::vector<Sample>& samples, BatchSlots* slots) const;
   /// The collate mode of field `id` whose first sample's tensor is `proto`.
   CollateMode mode_of(FieldId id, const Tensor& proto) const;
 

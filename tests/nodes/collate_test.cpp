@@ -1,6 +1,8 @@
 // The batch node's collation of variable-size fields: padding and ragged, and user values.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
@@ -148,6 +150,101 @@ TEST_F(CollateTest, PaddedBatchesResumeExactly) {
         .map(variable, {.name = "variable"})
         .batch(
             {.size = 3, .collate = CollateMode::kPad, .fields = {"ids", "pair"}, .pad_value = -2})
+        .build();
+  };
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+}
+
+// ---- BatchSlots: maps writing straight into the batch ----
+
+/// Sample i's field "x" is float32 [2, 3] = i * 100 + j, written into output_tensor; with
+/// `replace`, every third sample's is then replaced by a fresh copy (so no slot adoption).
+SampleFn slot_writer(bool replace) {
+  return [replace](Sample& s, MapContext& ctx) {
+    const std::uint64_t i = record_index(static_cast<const std::byte*>(s.at("data").data()));
+    Tensor x = output_tensor(ctx, field_id("x"), DType::kFloat32, Shape{2, 3});
+    auto v = x.values<float>();
+    for (std::size_t j = 0; j < v.size(); ++j) v[j] = static_cast<float>(i * 100 + j);
+    if (replace && i % 3 == 0) {
+      Tensor copy(DType::kFloat32, Shape{2, 3});
+      std::memcpy(copy.data(), x.data(), x.nbytes());
+      x = copy;
+    }
+    s.set("x", x);
+  };
+}
+
+TEST(BatchSlots, HandsEachSampleItsSlotOnceAndAdoptsTheBufferOnce) {
+  auto pool = BufferPool::host();
+  BatchSlots slots(*pool, 3);
+  const FieldId x = field_id("x");
+  std::vector<Sample> samples(3);
+  for (std::size_t i = 0; i < 3; ++i)
+    samples[i].set(x, slots.tensor(x, DType::kFloat32, Shape{2, 2}, i));
+  EXPECT_EQ(pool->allocated(), 1u);
+  const auto* base = static_cast<const std::byte*>(samples[0].at(x).data());
+  EXPECT_EQ(samples[2].at(x).data(), base + 2 * 16);
+  // A second request for a slot, another shape, an index past the batch: fresh tensors.
+  EXPECT_NE(slots.tensor(x, DType::kFloat32, Shape{2, 2}, 1).data(), base + 16);
+  EXPECT_NE(slots.tensor(x, DType::kFloat32, Shape{4}, 0).data(), base);
+  EXPECT_FALSE(slots.tensor(x, DType::kFloat32, Shape{2, 2}, 3).data() == base + 3 * 16);
+  Tensor batch = slots.adopt(x, samples);
+  ASSERT_TRUE(batch.defined());
+  EXPECT_EQ(batch.shape(), (Shape{3, 2, 2}));
+  EXPECT_EQ(batch.data(), base);
+  EXPECT_FALSE(slots.adopt(x, samples).defined());  // once
+  EXPECT_FALSE(slots.adopt(field_id("y"), samples).defined());
+}
+
+TEST(BatchSlots, AFieldNoLongerInItsSlotIsCopied) {
+  auto pool = BufferPool::host();
+  const FieldId x = field_id("x");
+  for (int how = 0; how < 3; ++how) {
+    BatchSlots slots(*pool, 2);
+    std::vector<Sample> samples(2);
+    for (std::size_t i = 0; i < 2; ++i)
+      samples[i].set(x, slots.tensor(x, DType::kFloat32, Shape{4}, i));
+    if (how == 0) samples[1].set(x, Tensor(DType::kFloat32, Shape{4}));  // replaced
+    if (how == 1) samples[1].set(x, samples[0].at(x));                   // another's slot
+    if (how == 2) samples.pop_back();                                    // fewer samples
+    EXPECT_FALSE(slots.adopt(x, samples).defined()) << how;
+  }
+}
+
+TEST_F(CollateTest, FieldsWrittenIntoTheirSlotsEqualCopiedOnes) {
+  for (bool replace : {false, true}) {
+    for (int collate = 0; collate < 2; ++collate) {
+      BatchOptions o{.size = 8};
+      // Pad collation of another field: no slots are offered, every field is copied.
+      if (collate == 1) {
+        o.collate = CollateMode::kPad;
+        o.fields = {"data"};
+      }
+      Pipeline p = Pipeline::Builder()
+                       .records({.paths = {glob_}, .record_bytes = 16})
+                       .map(slot_writer(replace), {.name = "slots"})
+                       .batch(std::move(o))
+                       .build();
+      Loader l(p, {.epochs = 1});
+      std::size_t batches = 0;
+      while (auto b = l.next()) {
+        const Tensor& x = (*b)["x"];
+        ASSERT_EQ(x.shape(), (Shape{static_cast<std::int64_t>(b->info.refs.size()), 2, 3}));
+        for (std::size_t i = 0; i < b->info.refs.size(); ++i)
+          for (std::size_t j = 0; j < 6; ++j)
+            ASSERT_EQ(x.values<float>()[i * 6 + j],
+                      static_cast<float>(b->info.refs[i].index * 100 + j));
+        ++batches;
+      }
+      EXPECT_EQ(batches, 3u);
+    }
+  }
+  auto make = [&] {
+    return Pipeline::Builder()
+        .records({.paths = {glob_}, .record_bytes = 16})
+        .shuffle({.mode = ShuffleMode::kGlobal})
+        .map(slot_writer(true), {.name = "slots"})
+        .batch({.size = 8})
         .build();
   };
   testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});

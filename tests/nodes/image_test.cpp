@@ -660,5 +660,60 @@ TEST(ImageTransforms, ASampleThatIsNotADecodedImageIsADataError) {
   }
 }
 
+TEST(ImageTransforms, AnRgbResizeEqualsEachChannelResizedAloneBitForBit) {
+  // RGB rows take their own (SIMD) horizontal pass; one-channel images the generic loop. Both
+  // must accumulate alike: every value equal, for integral and fractional boxes, shrinking
+  // and enlarging, and boxes that reach the image's last pixel (where the vector load would
+  // read past the end and the scalar path runs).
+  const std::int64_t h = 37, w = 53;
+  const Tensor rgb = image_sample(h, w, 7).at("jpg");
+  std::vector<Tensor> planes;
+  for (std::int64_t c = 0; c < 3; ++c) {
+    Tensor p(DType::kUInt8, Shape{h, w, 1});
+    for (std::int64_t i = 0; i < h * w; ++i)
+      p.values<std::uint8_t>()[i] = rgb.values<std::uint8_t>()[i * 3 + c];
+    planes.push_back(p);
+  }
+  struct Box {
+    double top, left, height, width;
+    std::int64_t oh, ow;
+  };
+  const Box boxes[] = {{0, 0, 37, 53, 12, 17},           {0, 0, 37, 53, 80, 90},
+                       {3.25, 5.5, 20.5, 30.75, 9, 11},  {10, 20, 27, 33, 27, 33},
+                       {30.5, 40.25, 6.5, 12.75, 5, 40}, {0, 52, 37, 1, 3, 3}};
+  for (const Box& b : boxes) {
+    const Tensor out = resize_box(rgb, b.top, b.left, b.height, b.width, b.oh, b.ow);
+    for (std::int64_t c = 0; c < 3; ++c) {
+      const Tensor one = resize_box(planes[static_cast<std::size_t>(c)], b.top, b.left, b.height,
+                                    b.width, b.oh, b.ow);
+      for (std::int64_t i = 0; i < b.oh * b.ow; ++i)
+        ASSERT_EQ(out.values<std::uint8_t>()[i * 3 + c], one.values<std::uint8_t>()[i])
+            << "box " << b.top << "," << b.left << " channel " << c << " value " << i;
+    }
+  }
+}
+
+TEST(DecodeImage, NormalizedImagesWrittenIntoTheBatchEqualCopiedOnes) {
+  // With stacking, normalize_image writes into the batch's memory (BatchSlots); padding
+  // another field turns that off. The batches are the same either way.
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 10);
+  const std::string yaml = augment_yaml(tar, "error");
+  auto batches = [&](const std::string& y) {
+    std::vector<std::vector<float>> out;
+    Loader l(from_yaml_string(y), {.epochs = 1});
+    while (auto b = l.next()) {
+      auto v = (*b)["jpg"].values<float>();
+      out.emplace_back(v.begin(), v.end());
+    }
+    return out;
+  };
+  const std::string padded = std::string(yaml).replace(
+      yaml.find("batch: {size: 4}"), 16, "batch: {size: 4, collate: pad, fields: [cls]}");
+  const auto stacked = batches(yaml);
+  EXPECT_EQ(stacked.size(), 3u);
+  EXPECT_EQ(stacked, batches(padded));
+}
+
 }  // namespace
 }  // namespace flowstate
