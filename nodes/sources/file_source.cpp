@@ -237,6 +237,16 @@ void FileSource::add_file(const ExpandedPath& path, const MappedFile& file, std:
   first_.push_back(total_);
 }
 
+void FileSource::add_remote_file(const std::string& url, std::uint64_t bytes,
+                                 const std::string& etag, std::uint64_t records) {
+  files_.push_back(url);
+  FileIdentity id{.name = url, .bytes = bytes, .items = records};
+  for (std::size_t j = 0; j < kIdentityBlocks; ++j) id.blocks[j] = hash_combine(hash64(etag), j);
+  identity_->files.push_back(std::move(id));
+  total_ += records;
+  first_.push_back(total_);
+}
+
 Ref FileSource::at(std::uint64_t epoch, std::uint64_t i) const {
   if (view_ && epoch == view_->epoch) [[unlikely]]
     return view_at(i);
@@ -249,6 +259,7 @@ Ref FileSource::at(std::uint64_t epoch, std::uint64_t i) const {
 void FileSource::start_epoch(std::uint64_t epoch) {
   state_.epoch = epoch;
   state_.cursor = 0;
+  epoch_started(epoch);
   if (view_ && epoch != view_->epoch) {
     // A new epoch reads the files opened: the epoch that started with others has ended.
     view_ = nullptr;
