@@ -223,7 +223,9 @@ FileSource::FileSource(std::string name, std::string kind, std::string unit,
 }
 
 void FileSource::add_file(const ExpandedPath& path, const MappedFile& file, std::uint64_t records) {
-  files_.push_back(path.path);
+  // A remote object's cached copy is named by its URL: messages about its records name the
+  // object, not a path in the cache.
+  files_.push_back(path.keep ? path.name : path.path);
   FileIdentity id = file_identity(path.name, file, records, verify_ == FileVerify::kFull);
   if (path.keep) {
     // A cached copy of a remote object: its inode and times are the cache's, not the object's

@@ -283,7 +283,7 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// A first-format stamp holds a CursorState alone (no identity).
   void restore_legacy(InArchive& ar) final;
 
-  /// The files, in record order.
+  /// The files, in record order: their paths, a remote object's URL.
   const std::vector<std::string>& files() const { return files_; }
   /// The source id in this source's Refs.
   std::uint32_t source_id() const { return source_id_; }

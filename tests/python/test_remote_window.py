@@ -3,7 +3,8 @@ against s3rver on 127.0.0.1: a cache limit of 3 shards serves a 10-shard data se
 epochs with the digests of the same pipeline on local files and the cache directory's sampled
 peak within the limit; a run killed with SIGKILL mid-epoch resumes on that small cache to the
 uninterrupted run's digests; a limit below the look-ahead is a configuration error at build
-time. Each test starts and stops its own servers; every wait is bounded."""
+time; an error about a record of a cached copy names the URL. Each test starts and stops
+its own servers; every wait is bounded."""
 import os
 import signal
 import subprocess
@@ -200,3 +201,18 @@ def test_a_limit_below_the_look_ahead_is_a_config_error_at_build_time(tmp_path, 
     pipeline(yaml, "s3://bucket/w/part-*.bin", lookahead=2)
     run(["run", str(yaml), "--steps", "5"], env={**s3.env(), **cache_env(tmp_path)})
 
+
+def test_an_error_about_a_record_of_a_cached_copy_names_the_url_not_the_cache(tmp_path, s3):
+    body = b'{"text": "a"}\n{"text": "b"}\n{"other": 1}\n{"text": "d"}\n'
+    s3.client().put_object(Bucket="bucket", Key="j/bad.jsonl", Body=body)
+    yaml = tmp_path / "lines.yaml"
+    yaml.write_text('seed: 1\nsource: {type: lines, paths: "s3://bucket/j/bad.jsonl", '
+                    'format: jsonl, json_fields: [text]}\nnodes:\n'
+                    '  - batch: {size: 4, collate: ragged}\n')
+    r = run(["run", str(yaml)], env={**s3.env(), **cache_env(tmp_path)}, check=False,
+            timeout=30)
+    assert r.returncode == 3, r.stderr
+    offset = body.index(b'{"other"')
+    assert f"'s3://bucket/j/bad.jsonl' line 3 (byte {offset}): key 'text' is missing" \
+        in r.stderr, r.stderr
+    assert str(tmp_path / "cache") not in r.stderr, r.stderr
