@@ -223,7 +223,9 @@ FileSource::FileSource(std::string name, std::string kind, std::string unit,
 }
 
 void FileSource::add_file(const ExpandedPath& path, const MappedFile& file, std::uint64_t records) {
-  files_.push_back(path.path);
+  // A remote object's cached copy is named by its URL: messages about its records name the
+  // object, not a path in the cache.
+  files_.push_back(path.keep ? path.name : path.path);
   FileIdentity id = file_identity(path.name, file, records, verify_ == FileVerify::kFull);
   if (path.keep) {
     // A cached copy of a remote object: its inode and times are the cache's, not the object's
@@ -232,6 +234,16 @@ void FileSource::add_file(const ExpandedPath& path, const MappedFile& file, std:
     keep_.push_back(path.keep);
     id.stat.reset();
   }
+  identity_->files.push_back(std::move(id));
+  total_ += records;
+  first_.push_back(total_);
+}
+
+void FileSource::add_remote_file(const std::string& url, std::uint64_t bytes,
+                                 const std::string& etag, std::uint64_t records) {
+  files_.push_back(url);
+  FileIdentity id{.name = url, .bytes = bytes, .items = records};
+  for (std::size_t j = 0; j < kIdentityBlocks; ++j) id.blocks[j] = hash_combine(hash64(etag), j);
   identity_->files.push_back(std::move(id));
   total_ += records;
   first_.push_back(total_);
@@ -249,6 +261,7 @@ Ref FileSource::at(std::uint64_t epoch, std::uint64_t i) const {
 void FileSource::start_epoch(std::uint64_t epoch) {
   state_.epoch = epoch;
   state_.cursor = 0;
+  epoch_started(epoch);
   if (view_ && epoch != view_->epoch) {
     // A new epoch reads the files opened: the epoch that started with others has ended.
     view_ = nullptr;

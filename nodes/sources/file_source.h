@@ -283,7 +283,7 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// A first-format stamp holds a CursorState alone (no identity).
   void restore_legacy(InArchive& ar) final;
 
-  /// The files, in record order.
+  /// The files, in record order: their paths, a remote object's URL.
   const std::vector<std::string>& files() const { return files_; }
   /// The source id in this source's Refs.
   std::uint32_t source_id() const { return source_id_; }
@@ -297,6 +297,16 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// Appends the next file, holding `records` records, and records its identity under `name`
   /// (see FileIdentity) from the mapped bytes.
   void add_file(const ExpandedPath& path, const MappedFile& file, std::uint64_t records);
+  /// Appends the next file, a remote object opened lazily (nodes/sources/remote_window.h), by
+  /// its listing alone: `url` names it (in messages and the identity), `bytes` and `etag` are
+  /// the listed size and ETag. Its identity's sampled blocks are hashes of the ETag (the bytes
+  /// are not at hand; the server's hash of them stands in), so a changed object is refused on
+  /// resume as "content differs"; it records no stat, and `verify: full` hashes nothing more.
+  void add_remote_file(const std::string& url, std::uint64_t bytes, const std::string& etag,
+                       std::uint64_t records);
+  /// The spine started epoch `epoch` (start_epoch; not on a restore): a source that reads
+  /// ahead learns its reads start over. Records of the epoch before may still be read after.
+  virtual void epoch_started(std::uint64_t /*epoch*/) {}
   /// Sets how restore checks the files (the source's `verify` option); call before add_file,
   /// which hashes whole files under FileVerify::kFull.
   void set_verify(FileVerify verify) { verify_ = verify; }

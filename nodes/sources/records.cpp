@@ -25,7 +25,23 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
       field_(field_id(options_.field)) {
   validate_fields(options_, "records");
   set_verify(options_.verify);
-  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
+  std::vector<RemoteObject> remote;
+  for (auto& file : list_source_files(options_.paths, options_.base_dir)) {
+    if (file.remote) {
+      // Numbered from the listing: nothing is downloaded until a record is read.
+      const RemoteObject& o = *file.remote;
+      if (o.size % options_.record_bytes != 0)
+        throw DataError(o.url, o.size - o.size % options_.record_bytes,
+                        "size of '" + o.url + "' (" + std::to_string(o.size) +
+                            " bytes) is not a multiple of record_bytes (" +
+                            std::to_string(options_.record_bytes) + ")");
+      add_remote_file(o.url, o.size, o.etag, o.size / options_.record_bytes);
+      maps_.push_back(nullptr);
+      remote_.push_back(remote.size());
+      remote.push_back(o);
+      continue;
+    }
+    const ExpandedPath& named = file.local;
     const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);
     if (m->size() % options_.record_bytes != 0)
@@ -35,12 +51,22 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
                           std::to_string(options_.record_bytes) + ")");
     add_file(named, *m, m->size() / options_.record_bytes);
     maps_.push_back(std::move(m));
+    remote_.push_back(0);
   }
+  if (!remote.empty())
+    window_ = std::make_unique<RemoteWindow>(std::move(remote), options_.lookahead);
 }
 
 std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
   const std::size_t offset = local(ref) * options_.record_bytes;
-  return {maps_[ref.shard]->data() + offset, options_.record_bytes};
+  const MappedFile* m = maps_[ref.shard].get();
+  // A remote file's bytes stay valid on this thread until its next read of another file.
+  const std::byte* base = m != nullptr ? m->data() : window_->data(remote_[ref.shard]);
+  return {base + offset, options_.record_bytes};
+}
+
+void RecordsSource::epoch_started(std::uint64_t /*epoch*/) {
+  if (window_) window_->new_pass();
 }
 
 void RecordsSource::read(const Ref& ref, Sample& sample) const {

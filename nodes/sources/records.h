@@ -22,6 +22,7 @@
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/remote_window.h"
 
 namespace flowstate {
 
@@ -34,6 +35,9 @@ struct RecordsOptions {
   /// project directory can move together with its checkpoints.
   std::filesystem::path base_dir;
   FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
+  /// Remote files held ahead of the reads (see RemoteWindow; free: the data does not depend
+  /// on it).
+  std::size_t lookahead = kDefaultLookahead;
 
   static constexpr auto table() {
     using O = RecordsOptions;
@@ -43,6 +47,11 @@ struct RecordsOptions {
               {.min = 1, .required = true, .doc = "bytes per record"}),
         param("field", &O::field, {.doc = "name of the uint8 [record_bytes] field of each sample"}),
         verify_param<O>(),
+        param("lookahead", &O::lookahead,
+              {.min = 1,
+               .free = true,
+               .doc = kLookaheadDoc,
+               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
     };
   }
 };
@@ -51,7 +60,10 @@ struct RecordsOptions {
 const NodeDef& records_node();
 
 /// The `records` source. Opening validates every file: an empty match, an unreadable file,
-/// or a size that is not a multiple of record_bytes is a DataError naming the file.
+/// or a size that is not a multiple of record_bytes is a DataError naming the file. Remote
+/// files (`s3://`, `http(s)://`) are numbered from their listed sizes and read through a
+/// RemoteWindow: downloaded when first read and `lookahead` files ahead, not when the source
+/// is built.
 class RecordsSource final : public FileSource {
  public:
   RecordsSource(std::string name, RecordsOptions options, std::uint32_t source_id = 0);
@@ -61,10 +73,15 @@ class RecordsSource final : public FileSource {
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
 
+ protected:
+  void epoch_started(std::uint64_t epoch) override;
+
  private:
   RecordsOptions options_;
   FieldId field_;
-  std::vector<std::shared_ptr<const MappedFile>> maps_;
+  std::vector<std::shared_ptr<const MappedFile>> maps_;  ///< null for a remote file
+  std::vector<std::size_t> remote_;       ///< per file its object in window_ (remote files)
+  std::unique_ptr<RemoteWindow> window_;  ///< the remote files; null when there are none
 };
 
 /// Fills `record` with synthetic record `index`: `index` as a little-endian uint64 (its low
