@@ -85,7 +85,10 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
                           std::to_string(lookahead_) + " files ahead of the one read, of " +
                           std::to_string(objects_.size()) +
                           "); raise FLOWSTATE_CACHE_LIMIT or lower the source's lookahead");
-  downloader_ = std::thread([this] { download_ahead(); });
+  const std::size_t downloaders =
+      std::min<std::size_t>(lookahead_, static_cast<std::size_t>(std::max(1, remote_.connections)));
+  for (std::size_t i = 0; i < downloaders; ++i)
+    downloaders_.emplace_back([this] { download_ahead(); });
 }
 
 RemoteWindow::~RemoteWindow() {
@@ -94,7 +97,7 @@ RemoteWindow::~RemoteWindow() {
     stop_ = true;
   }
   work_.notify_all();
-  downloader_.join();
+  for (auto& t : downloaders_) t.join();
 }
 
 void RemoteWindow::new_pass() {
@@ -198,37 +201,35 @@ void RemoteWindow::fetch(std::size_t k, std::unique_lock<std::mutex>& lock) {
 }
 
 void RemoteWindow::download_ahead() {
+  // One of `connections` downloaders: each takes the look-ahead's first file not held (if it
+  // fits), downloads it, and takes the next — so a file the front reaches starts as soon as a
+  // connection is free, not when a round of downloads ends.
   std::unique_lock lock(mu_);
   for (;;) {
-    // The look-ahead's files not held, in order, as many as fit and connections allow.
-    std::vector<std::size_t> claimed;
-    if (started_ && !stop_) {
+    if (stop_) return;
+    std::size_t claimed = slots_.size();
+    if (started_) {
       const std::size_t end = std::min(slots_.size(), front_ + lookahead_);
       for (std::size_t j = front_; j < end; ++j) {
         Slot& s = slots_[j];
         if (s.map || s.fetching || s.error) continue;
-        if (claimed.size() >= static_cast<std::size_t>(std::max(1, remote_.connections))) break;
-        if (!make_room(objects_[j].size)) break;
-        s.fetching = true;
-        held_bytes_ += objects_[j].size;
-        claimed.push_back(j);
+        if (make_room(objects_[j].size)) {
+          s.fetching = true;
+          held_bytes_ += objects_[j].size;
+          claimed = j;
+        }
+        break;
       }
     }
-    if (stop_) return;
-    if (claimed.empty()) {
+    if (claimed == slots_.size()) {
       work_.wait(lock);
       continue;
     }
-    lock.unlock();
-    for_each_connection(claimed.size(), remote_.connections, [&](std::size_t i) {
-      std::unique_lock inner(mu_);
-      try {
-        fetch(claimed[i], inner);
-      } catch (...) {
-        // Stored in the slot: the read that needs the file raises it.
-      }
-    });
-    lock.lock();
+    try {
+      fetch(claimed, lock);
+    } catch (...) {
+      // Stored in the slot: the read that needs the file raises it.
+    }
   }
 }
 

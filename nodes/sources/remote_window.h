@@ -62,7 +62,7 @@ std::vector<SourceFile> list_source_files(const std::vector<std::string>& patter
                                           const std::filesystem::path& base_dir = {});
 
 /// The default of a source's `lookahead` option: files downloaded ahead of the reads.
-inline constexpr std::size_t kDefaultLookahead = 4;
+inline constexpr std::size_t kDefaultLookahead = 8;
 /// The doc of a source's `lookahead` option.
 inline constexpr const char* kLookaheadDoc =
     "remote files (s3://, http(s)://) held ahead of the reads, downloading in the background; "
@@ -135,7 +135,7 @@ class RemoteWindow {
   std::uint64_t held_bytes_ = 0;  ///< bytes of slots pinned or downloading
   std::uint64_t fetches_ = 0;
   bool stop_ = false;
-  std::thread downloader_;
+  std::vector<std::thread> downloaders_;  ///< min(lookahead, connections) threads
 };
 
 }  // namespace flowstate
