@@ -5,9 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 
@@ -263,8 +262,12 @@ IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint
 }
 
 IndexedSource::~IndexedSource() {
+  if (!populate_) return;
   stop_populating_.store(true, std::memory_order_relaxed);
-  if (populate_.joinable()) populate_.join();
+  if (::getpid() == populate_pid_)
+    populate_->join();
+  else
+    (void)populate_.release();  // a forked child: there is no such thread here to join
 }
 
 void IndexedSource::start_populating() {
@@ -279,7 +282,8 @@ void IndexedSource::start_populating() {
     bins.push_back(&f->bin());
   }
   if (bins.empty() || total > memory / 4) return;
-  populate_ = std::thread([this, bins = std::move(bins)] {
+  populate_pid_ = ::getpid();
+  populate_ = std::make_unique<std::thread>([this, bins = std::move(bins)] {
     constexpr std::size_t kChunk = std::size_t{8} << 20;
     for (const MappedFile* bin : bins) {
       // A mapping starts on a page; a chunk's end past the file's last page stays in it.

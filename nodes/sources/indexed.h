@@ -24,6 +24,8 @@
 //   write(prefix + ".idx", megatron_index(DType::kUInt16, lengths));  // a document a sequence
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <memory>
 #include <span>
@@ -137,7 +139,8 @@ class IndexedFile {
 /// each page would otherwise fault on the workers that copy the documents, a few pages at a
 /// time in a random order, where the kernel maps a whole run of pages in one call. A file not
 /// in the page cache yet is read into it on the way. The destructor stops the thread at the
-/// next 8 MiB. Nothing a run delivers depends on it.
+/// next 8 MiB (a forked child's copy of the source does not wait: the thread is the parent's).
+/// Nothing a run delivers depends on it.
 class IndexedSource final : public FileSource {
  public:
   IndexedSource(std::string name, IndexedOptions options, std::uint32_t source_id = 0);
@@ -157,7 +160,10 @@ class IndexedSource final : public FileSource {
   IndexedOptions options_;
   FieldId field_;
   std::vector<std::unique_ptr<IndexedFile>> files_data_;
-  std::thread populate_;  ///< maps the .bin files' pages in; joined by the destructor
+  /// Maps the .bin files' pages in; joined by the destructor in the process that started it (a
+  /// forked child's copy of the source leaves it: the thread stayed in the parent).
+  std::unique_ptr<std::thread> populate_;
+  pid_t populate_pid_ = 0;  ///< the process populate_ runs in
   std::atomic<bool> stop_populating_{false};
 };
 

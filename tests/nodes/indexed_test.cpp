@@ -5,6 +5,9 @@
 #include "flowstate/nodes/builtin.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
@@ -221,6 +224,33 @@ TEST(IndexedSource, ChecksAndReadsAnIndexOfAHugePageOrMoreFromItsCopy) {
     EXPECT_NE(std::string(e.what()).find("sequence 100000 starts at byte 12345"), std::string::npos)
         << e.what();
   }
+}
+
+// A child forked while the source's thread maps pages in (a Python worker is forked from a
+// process holding a Loader) and destroying its copy of the source does not wait for a thread
+// that exists only in the parent.
+TEST(IndexedSource, AForkedChildDestroysItsCopyWithoutWaitingForTheParentsThread) {
+  TempDir dir;
+  const std::int32_t lengths[] = {32 << 20};  // 64 MiB: the thread runs for a while
+  testing::write_file(dir / "f.bin", std::string(std::size_t{64} << 20, '\x02'));
+  testing::write_file(dir / "f.idx", megatron_index(DType::kUInt16, lengths));
+  auto src = std::make_unique<IndexedSource>("indexed", IndexedOptions{.paths = {dir / "f.idx"}});
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    src.reset();
+    ::_exit(0);
+  }
+  int status = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::waitpid(child, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (!WIFEXITED(status)) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child did not end: it waited for the parent's thread";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 /// A copy of tokens_u16 in `dir` with `patch` applied to its index bytes; the DataError of
