@@ -6,7 +6,8 @@
 # package's stubs); LibTorch tests the DLPack export; PIL and torchvision check and compare
 # the image decode (tests/python/test_images.py, bench/). These are also the side-by-side
 # comparison tools, so FLOWSTATE_DEPS_BENCH=1 (still accepted) adds nothing.
-# Remote sources (s3://, http(s)://) link libcurl; their tests start nginx-light (HTTP and
+# Remote sources (s3://, http(s)://) build against libcurl's headers and open libcurl when
+# first used (nodes/sources/curl_loader.cpp); their tests start nginx-light (HTTP and
 # HTTPS, a certificate made by openssl at test time), upload with boto3, and run the S3
 # server s3rver from npm, pinned by tests/support/s3/package-lock.json and installed there
 # with `npm ci` (below, also when every Debian package is present).

@@ -1,8 +1,18 @@
 #include "flowstate/nodes/sources/indexed.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <stdexcept>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
 
 #include "flowstate/core/error.h"
 #include "flowstate/nodes/sources/remote_store.h"
@@ -58,7 +68,8 @@ std::optional<std::uint8_t> megatron_dtype_code(DType dtype) {
 
 IndexedFile::IndexedFile(const std::string& idx_path) {
   idx_ = std::make_shared<const MappedFile>(idx_path);
-  const std::byte* p = idx_->data();
+  copy_index_into_huge_pages();
+  const std::byte* p = idx_data_;
   const std::uint64_t size = idx_->size();
   auto fail = [&](std::uint64_t offset, const std::string& why) -> DataError {
     return DataError(idx_path, offset, "'" + idx_path + "' is not a valid Megatron index: " + why);
@@ -143,14 +154,57 @@ IndexedFile::IndexedFile(const std::string& idx_path) {
   one_sequence_per_document_ = identity;
 }
 
+void IndexedFile::copy_index_into_huge_pages() {
+  idx_data_ = idx_->data();
+  constexpr std::size_t kHuge = std::size_t{2} << 20;
+  const std::size_t size = idx_->size();
+  // Up to 1/16 of the memory (a 200 000-document index is 4 MB); a larger one stays mapped.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (idx_->in_memory() || size < kHuge || pages <= 0 || page <= 0 ||
+      size / 16 > static_cast<std::size_t>(pages) / 256 * static_cast<std::size_t>(page))
+    return;
+  // An aligned run of whole huge pages (the kernel gives them where it can: THP "always" or
+  // "madvise"; else this is ordinary memory and costs what the mapping did).
+  const std::size_t length = (size + kHuge - 1) / kHuge * kHuge;
+  void* got = ::mmap(nullptr, length + kHuge, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (got == MAP_FAILED) return;
+  auto* start = static_cast<std::byte*>(got);
+  auto* aligned = reinterpret_cast<std::byte*>(
+      (reinterpret_cast<std::uintptr_t>(start) + kHuge - 1) & ~std::uintptr_t{kHuge - 1});
+  if (aligned > start) ::munmap(start, static_cast<std::size_t>(aligned - start));
+  const std::size_t tail = static_cast<std::size_t>(start + length + kHuge - (aligned + length));
+  if (tail > 0) ::munmap(aligned + length, tail);
+  std::shared_ptr<std::byte> copy(aligned, [length](std::byte* at) { ::munmap(at, length); });
+  ::madvise(aligned, length, MADV_HUGEPAGE);
+  // Read (the kernel copies from its page cache) rather than copied from the mapping, whose
+  // every page a first touch would fault in. The same file as mapped, or the mapping is kept.
+  const int fd = ::open(idx_->path().c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_dev) == idx_->stat().device &&
+            static_cast<std::uint64_t>(st.st_ino) == idx_->stat().inode &&
+            static_cast<std::uint64_t>(st.st_size) == size;
+  for (std::size_t at = 0; ok && at < size;) {
+    const ssize_t n = ::pread(fd, aligned + at, size - at, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    at += ok ? static_cast<std::size_t>(n) : 0;
+  }
+  ::close(fd);
+  if (!ok) return;  // (what was read is checked entry by entry, as the mapping would be)
+  idx_copy_ = std::move(copy);
+  idx_data_ = idx_copy_.get();
+}
+
 std::int32_t IndexedFile::length(std::uint64_t i) const {
-  return load_le<std::int32_t>(idx_->data() + lengths_at_ + 4 * i);
+  return load_le<std::int32_t>(idx_data_ + lengths_at_ + 4 * i);
 }
 std::int64_t IndexedFile::pointer(std::uint64_t i) const {
-  return load_le<std::int64_t>(idx_->data() + pointers_at_ + 8 * i);
+  return load_le<std::int64_t>(idx_data_ + pointers_at_ + 8 * i);
 }
 std::int64_t IndexedFile::doc(std::uint64_t d) const {
-  return load_le<std::int64_t>(idx_->data() + docs_at_ + 8 * d);
+  return load_le<std::int64_t>(idx_data_ + docs_at_ + 8 * d);
 }
 
 std::span<const std::byte> IndexedFile::sequence(std::uint64_t i) const {
@@ -204,6 +258,45 @@ IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint
              options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences());
     files_data_.push_back(std::move(f));
   }
+  start_populating();
+}
+
+IndexedSource::~IndexedSource() {
+  if (!populate_) return;
+  stop_populating_.store(true, std::memory_order_relaxed);
+  if (::getpid() == populate_pid_)
+    populate_->join();
+  else
+    (void)populate_.release();  // a forked child: there is no such thread here to join
+}
+
+void IndexedSource::start_populating() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const auto memory = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+  std::uint64_t total = 0;
+  std::vector<const MappedFile*> bins;
+  for (const auto& f : files_data_) {
+    if (f->bin().in_memory() || f->bin().size() == 0) continue;
+    total += f->bin().size();
+    bins.push_back(&f->bin());
+  }
+  if (bins.empty() || total > memory / 4) return;
+  populate_pid_ = ::getpid();
+  populate_ = std::make_unique<std::thread>([this, bins = std::move(bins)] {
+    constexpr std::size_t kChunk = std::size_t{8} << 20;
+    for (const MappedFile* bin : bins) {
+      // A mapping starts on a page; a chunk's end past the file's last page stays in it.
+      auto* base = const_cast<std::byte*>(bin->data());
+      for (std::size_t at = 0; at < bin->size(); at += kChunk) {
+        if (stop_populating_.load(std::memory_order_relaxed)) return;
+        // EINVAL: a kernel before 5.14 (the workers' faults map the pages instead); EFAULT:
+        // the file shrank (a read there is the SIGBUS guard's, as without this thread).
+        if (::madvise(base + at, std::min(kChunk, bin->size() - at), MADV_POPULATE_READ) != 0)
+          return;
+      }
+    }
+  });
 }
 
 std::span<const std::byte> IndexedSource::record(const Ref& ref) const {

@@ -194,7 +194,9 @@ Response perform(Request& req, const RemoteSettings& s) {
   std::unique_ptr<CURL, void (*)(CURL*)> h(curl_easy_init(), curl_easy_cleanup);
   if (!h) {
     resp.code = CURLE_FAILED_INIT;
-    resp.error = "cannot create a curl handle";
+    // (libcurl is loaded on first use: curl_easy_strerror then says why it could not be.)
+    resp.error =
+        std::string("cannot create a curl handle: ") + curl_easy_strerror(CURLE_FAILED_INIT);
     return resp;
   }
   CURL* c = h.get();

@@ -5,9 +5,16 @@
 #include "flowstate/nodes/builtin.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
@@ -136,6 +143,116 @@ TEST(IndexedSource, ReadsADocumentIndexAsLongAsTheSequencesThroughIt) {
   EXPECT_EQ(view->bytes.size(), 8u);  // 4 tokens of 2 bytes: the first two sequences
 }
 
+void put64(std::string& s, std::size_t at, std::int64_t v) { std::memcpy(&s[at], &v, 8); }
+
+/// Kilobytes of the mapping(s) of `path` present in this process's page tables (smaps' Rss).
+std::uint64_t mapped_kb(const std::string& path) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in = false;
+  std::uint64_t kb = 0;
+  while (std::getline(smaps, line)) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find('-') < line.find(' ')) {
+      in = line.size() >= path.size() &&
+           line.compare(line.size() - path.size(), path.size(), path) == 0;
+    } else if (in && line.starts_with("Rss:")) {
+      kb += std::stoull(line.substr(4));
+    }
+  }
+  return kb;
+}
+
+// The source maps the .bin's pages in on its own thread from the open on: nothing here reads
+// a token, yet the whole file comes to be mapped (without the thread, only what a read
+// touched would be). Destroying a source whose thread may still run stops it.
+TEST(IndexedSource, MapsTheBinsPagesInOnAThreadOfItsOwn) {
+  TempDir dir;
+  const std::int32_t lengths[] = {3 << 20};  // one document of 3 Mi uint16 tokens: 6 MiB
+  testing::write_file(dir / "p.bin", std::string(std::size_t{6} << 20, '\x01'));
+  testing::write_file(dir / "p.idx", megatron_index(DType::kUInt16, lengths));
+  const std::string bin = fs::canonical(dir / "p.bin").string();
+  {
+    IndexedSource src("indexed", {.paths = {dir / "p.idx"}});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (mapped_kb(bin) < (6u << 10) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_EQ(mapped_kb(bin), 6u << 10);
+  }
+  EXPECT_EQ(mapped_kb(bin), 0u);  // unmapped with the source
+  for (int i = 0; i < 20; ++i) IndexedSource("indexed", {.paths = {dir / "p.idx"}});
+}
+
+// An index of 2 MiB or more is read into huge pages and used from there, its mapping never
+// touched: every entry checked and every document read as through the mapping, and damage
+// found in it as in a mapped one.
+TEST(IndexedSource, ChecksAndReadsAnIndexOfAHugePageOrMoreFromItsCopy) {
+  TempDir dir;
+  constexpr int kDocs = 120'000;  // 20 bytes of index each: 2.3 MiB
+  std::vector<std::int32_t> lengths(kDocs);
+  std::string bin;
+  for (int d = 0; d < kDocs; ++d) {
+    lengths[d] = 1 + d % 3;
+    for (int j = 0; j < lengths[d]; ++j) {
+      const auto v = static_cast<std::uint16_t>(d + j);
+      bin.append(reinterpret_cast<const char*>(&v), 2);
+    }
+  }
+  const std::string idx = megatron_index(DType::kUInt16, lengths);
+  ASSERT_GE(idx.size(), std::size_t{2} << 20);
+  testing::write_file(dir / "big.bin", bin);
+  testing::write_file(dir / "big.idx", idx);
+  {
+    IndexedSource src("indexed", {.paths = {dir / "big.idx"}});
+    ASSERT_EQ(src.size(0), static_cast<std::uint64_t>(kDocs));
+    const auto all = read_all<std::uint16_t>(src);
+    for (int d = 0; d < kDocs; ++d) {
+      ASSERT_EQ(all[d].size(), static_cast<std::size_t>(lengths[d])) << d;
+      for (int j = 0; j < lengths[d]; ++j) ASSERT_EQ(all[d][j], (d + j) & 0xffff) << d;
+    }
+    EXPECT_EQ(mapped_kb(fs::canonical(dir / "big.idx").string()), 0u);
+  }
+  std::string damaged = idx;
+  const std::size_t pointers = 34 + 4 * std::size_t{kDocs};
+  put64(damaged, pointers + 8 * 100'000, 12345);
+  testing::write_file(dir / "big.idx", damaged);
+  try {
+    IndexedSource src("indexed", {.paths = {dir / "big.idx"}});
+    FAIL();
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.offset(), pointers + 8 * 100'000);
+    EXPECT_NE(std::string(e.what()).find("sequence 100000 starts at byte 12345"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A child forked while the source's thread maps pages in (a Python worker is forked from a
+// process holding a Loader) and destroying its copy of the source does not wait for a thread
+// that exists only in the parent.
+TEST(IndexedSource, AForkedChildDestroysItsCopyWithoutWaitingForTheParentsThread) {
+  TempDir dir;
+  const std::int32_t lengths[] = {32 << 20};  // 64 MiB: the thread runs for a while
+  testing::write_file(dir / "f.bin", std::string(std::size_t{64} << 20, '\x02'));
+  testing::write_file(dir / "f.idx", megatron_index(DType::kUInt16, lengths));
+  auto src = std::make_unique<IndexedSource>("indexed", IndexedOptions{.paths = {dir / "f.idx"}});
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    src.reset();
+    ::_exit(0);
+  }
+  int status = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::waitpid(child, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  if (!WIFEXITED(status)) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child did not end: it waited for the parent's thread";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 /// A copy of tokens_u16 in `dir` with `patch` applied to its index bytes; the DataError of
 /// opening it.
 std::string refusal(const TempDir& dir, const std::function<void(std::string&)>& patch,
@@ -153,8 +270,6 @@ std::string refusal(const TempDir& dir, const std::function<void(std::string&)>&
   }
   return "";
 }
-
-void put64(std::string& s, std::size_t at, std::int64_t v) { std::memcpy(&s[at], &v, 8); }
 
 TEST(IndexedSource, RefusesADamagedIndexNamingTheFileAndTheEntry) {
   TempDir dir;

@@ -1,0 +1,48 @@
+// What a `flowstate` process loads before it does anything: libcurl (and the ~35 libraries it
+// needs) only once a remote path is read (nodes/sources/curl_loader.cpp). The dynamic loader
+// says what it loads (LD_DEBUG=files, on stderr).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
+
+#include "tests/cli/cli_support.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+/// `flowstate args...` run in `cwd` with the dynamic loader's file log on its stderr.
+testing::CliResult run_logging_loads(const std::vector<std::string>& args, const std::string& cwd) {
+  ::setenv("LD_DEBUG", "files", 1);
+  ::setenv("FLOWSTATE_REMOTE_ATTEMPTS", "1", 1);
+  testing::CliResult r = testing::run_cli(args, cwd);
+  ::unsetenv("LD_DEBUG");
+  ::unsetenv("FLOWSTATE_REMOTE_ATTEMPTS");
+  return r;
+}
+
+TEST(Startup, LoadsLibcurlOnlyWhenARemotePathIsRead) {
+  testing::TempDir dir;
+  testing::write_file(dir / "local.yaml",
+                      "source: {type: lines, paths: 'a.txt', format: text}\n"
+                      "nodes:\n  - batch: {size: 2}\n");
+  testing::write_file(dir / "a.txt", "one\ntwo\nsix\nten\n");
+  const auto local = run_logging_loads({"run", "local.yaml"}, dir.str());
+  ASSERT_EQ(local.status, 0) << local.err;
+  EXPECT_NE(local.err.find("file=libtbb.so"), std::string::npos) << "no loader log:\n" << local.err;
+  EXPECT_EQ(local.err.find("libcurl"), std::string::npos) << local.err;
+
+  // A remote path (nothing listens on port 1): libcurl is opened, and the error is curl's.
+  testing::write_file(dir / "remote.yaml",
+                      "source: {type: lines, paths: 'http://127.0.0.1:1/a.txt', format: text}\n"
+                      "nodes:\n  - batch: {size: 2}\n");
+  const auto remote = run_logging_loads({"run", "remote.yaml"}, dir.str());
+  EXPECT_EQ(remote.status, 3) << remote.err;
+  EXPECT_NE(remote.err.find("file=libcurl.so.4 [0];  dynamically loaded by"), std::string::npos)
+      << remote.err;
+  EXPECT_NE(remote.err.find("http://127.0.0.1:1/a.txt"), std::string::npos) << remote.err;
+}
+
+}  // namespace
+}  // namespace flowstate
