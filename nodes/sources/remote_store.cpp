@@ -495,6 +495,13 @@ std::vector<RemoteObject> list_remote(const std::string& pattern, const RemoteSe
   return list_http(pattern, settings);
 }
 
+std::string s3_fetch_url(const std::string& url, const RemoteSettings& settings) {
+  const std::string rest = url.substr(std::min<std::size_t>(url.size(), 5));  // after "s3://"
+  const auto slash = rest.find('/');
+  return s3_url(settings, rest.substr(0, slash),
+                slash == std::string::npos ? "" : rest.substr(slash + 1));
+}
+
 void download_object(const RemoteObject& object, int fd, const RemoteSettings& s,
                      const std::function<void(std::uint64_t)>& progress) {
   std::uint64_t got = 0;
@@ -535,6 +542,12 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
     const Response r = perform(req, s);
     if (!write_error.empty())
       throw DataError(object.url, got, "cannot download '" + object.url + "': " + write_error);
+    if ((r.status == 200 || r.status == 206) && !object.etag.empty() && !r.etag.empty() &&
+        r.etag != object.etag)
+      // A server that ignores If-Match (s3rver does) sent another version: refused as a 412.
+      throw DataError(object.url, DataError::kNoOffset,
+                      "'" + object.url + "' changed on the server since it was listed (its ETag " +
+                          object.etag + " is now " + r.etag + ")");
     if (r.code == CURLE_OK && (r.status == 200 || r.status == 206)) {
       done = got == object.size;
       if (!done && got == at_start) {

@@ -85,6 +85,10 @@ struct RemoteObject {
 /// DataError naming the (redacted) URL, the HTTP status and the attempts.
 std::vector<RemoteObject> list_remote(const std::string& pattern, const RemoteSettings& settings);
 
+/// The HTTP(S) URL a GET of the S3 object `url` (`s3://bucket/key`, as listed) reads under
+/// `settings`: path-style under the endpoint, else AWS's virtual-hosted URL.
+std::string s3_fetch_url(const std::string& url, const RemoteSettings& settings);
+
 /// Calls `fn(i)` for every i in [0, count) on up to `connections` threads (the caller's
 /// included), each taking the next index; the first exception any call throws stops the
 /// others from taking more and is rethrown once all have returned.
