@@ -189,6 +189,7 @@ std::size_t header_cb(char* data, std::size_t, std::size_t n, void* user) {
 /// Sends one request (one attempt).
 Response perform(Request& req, const RemoteSettings& s) {
   curl_init_once();
+  wait_for_request_slot(s.rate);
   req.resp = Response{};
   Response& resp = req.resp;
   std::unique_ptr<CURL, void (*)(CURL*)> h(curl_easy_init(), curl_easy_cleanup);
@@ -487,6 +488,7 @@ RemoteSettings RemoteSettings::from_environment() {
       std::chrono::milliseconds(parse_env_number("FLOWSTATE_REMOTE_BACKOFF", 1000, 0, 3600, 0.2));
   s.connections = static_cast<int>(parse_env_number("FLOWSTATE_REMOTE_CONNECTIONS", 1, 1, 256, 8));
   s.page_keys = static_cast<int>(parse_env_number("FLOWSTATE_S3_PAGE_KEYS", 1, 1, 1000, 1000));
+  s.rate = static_cast<double>(parse_env_number("FLOWSTATE_REMOTE_RATE", 1000, 0, 1e6, 0)) / 1000.0;
   return s;
 }
 
@@ -567,6 +569,22 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
     g_retries.fetch_add(1, std::memory_order_relaxed);
     backoff_sleep(s, failures);
   }
+}
+
+void wait_for_request_slot(double rate) {
+  if (!(rate > 0)) return;
+  using Clock = std::chrono::steady_clock;
+  static std::mutex mu;
+  static Clock::time_point next{};  // when the next request may start
+  Clock::time_point start;
+  {
+    std::lock_guard lock(mu);
+    const auto now = Clock::now();
+    start = std::max(now, next);
+    next = start +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate));
+  }
+  std::this_thread::sleep_until(start);
 }
 
 RemoteRequestCounts remote_request_counts() {

@@ -3,10 +3,14 @@
 // when it is not one; under a coordinator rank 0 alone reads or lists and every rank gets its
 // listing or its error; a Loader's memo lists once. And a remote object's ETag in the data
 // identity: kept through the state's archive, a changed ETag refused naming the object, an
-// identity without one (written before) compared as before. Listing against s3rver and nginx,
-// counted in their logs, is tests/python/test_remote.py.
+// identity without one (written before) compared as before. And the request-rate bound. Listing
+// against s3rver and nginx, counted in their logs, is tests/python/test_remote.py.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -252,6 +256,48 @@ TEST(RemoteIdentity, TheETagIsKeptAndAChangedOneIsRefusedNamingTheObject) {
   EXPECT_TRUE(
       identity_differences(remote_identity(""), remote_identity("\"v2\""), "records").empty());
   EXPECT_FALSE(loaded.files[0].etag == std::nullopt);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+TEST(RemoteRate, RequestsOfAllConnectionsShareOneEvenSchedule) {
+  // 4 connections, 5 requests each, at most 50 a second: the 20th starts >= 19/50 s after
+  // the first.
+  const auto t = std::chrono::steady_clock::now();
+  for_each_connection(4, 4, [](std::size_t) {
+    for (int k = 0; k < 5; ++k) wait_for_request_slot(50);
+  });
+  EXPECT_GE(seconds_since(t), 19.0 / 50 - 0.005);
+  // Unbounded: no wait.
+  const auto u = std::chrono::steady_clock::now();
+  for (int k = 0; k < 1000; ++k) wait_for_request_slot(0);
+  EXPECT_LT(seconds_since(u), 0.05);
+}
+
+TEST(RemoteRate, RetriesAreRequestsToo) {
+  RemoteSettings s = unreachable_store();
+  s.attempts = 5;
+  s.rate = 20;
+  ::usleep(100'000);  // the schedule is idle again after the test before
+  const auto t = std::chrono::steady_clock::now();
+  EXPECT_THROW(list_remote("s3://bucket/x/*", s), DataError);
+  EXPECT_GE(seconds_since(t), 4.0 / 20 - 0.005);  // 5 attempts, refused at once each
+}
+
+TEST(RemoteRate, ReadFromTheEnvironment) {
+  ::setenv("FLOWSTATE_REMOTE_RATE", "2.5", 1);
+  EXPECT_EQ(RemoteSettings::from_environment().rate, 2.5);
+  ::setenv("FLOWSTATE_REMOTE_RATE", "fast", 1);
+  try {
+    RemoteSettings::from_environment();
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "FLOWSTATE_REMOTE_RATE");
+  }
+  ::unsetenv("FLOWSTATE_REMOTE_RATE");
+  EXPECT_EQ(RemoteSettings::from_environment().rate, 0);
 }
 
 }  // namespace

@@ -489,3 +489,30 @@ def test_under_mpirun_rank_zero_lists_once_for_every_rank(tmp_path, local_data, 
             assert (tmp_path / f"d-{k}.txt").read_text()
     finally:
         proxy.stop()
+
+
+def test_the_request_rate_bound_spaces_every_request_of_the_process(tmp_path, local_data, s3):
+    """FLOWSTATE_REMOTE_RATE=4: the list pages and the GETs of 2 connections arrive at the
+    server at least 1/4 s apart (the proxy's clock), and the data is the same."""
+    proxy = FaultProxy(s3.port).start()
+    try:
+        want = digests(tmp_path, pipeline(tmp_path / "local.yaml",
+                                          records_source(local_data / "records/part-*.bin")))
+        yaml = pipeline(tmp_path / "remote.yaml",
+                        records_source("s3://bucket/data/records/part-*.bin"))
+        rate = 4.0
+        env = {**s3.env(proxy.url), **cache_env(tmp_path), "FLOWSTATE_S3_PAGE_KEYS": "2",
+               "FLOWSTATE_REMOTE_CONNECTIONS": "2", "FLOWSTATE_REMOTE_RATE": str(rate)}
+        assert digests(tmp_path, yaml, env) == want
+        times = sorted(proxy.times)
+        assert len(times) == (SHARDS + 2 + 1) // 2 + SHARDS, proxy.requests
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        print(f"rate {rate}/s: {len(times)} requests over {times[-1] - times[0]:.2f} s, "
+              f"smallest gap {min(gaps):.3f} s")
+        # The process starts them 1/rate apart; the proxy sees each a little later (connect,
+        # scheduling on a loaded machine: up to 0.15 s allowed). Unbounded, the GETs of the 2
+        # connections arrive together.
+        assert min(gaps) >= 1 / rate - 0.15, gaps
+        assert times[-1] - times[0] >= (len(times) - 1) / rate - 0.15
+    finally:
+        proxy.stop()
