@@ -268,6 +268,8 @@ LoaderOptions run_loader_options(const Args& args, const PipelineConfig& config,
   options.epochs = args.uint("--epochs").value_or(config.epochs);
   if (run.workers) options.workers = static_cast<int>(*run.workers);
   if (!plan.per_rank_dir) options.coordinator = coordinator;
+  // Remote sources list once per job: saved here, read again by a resume (on rank 0).
+  options.checkpoint_dir = plan.dir;
   options.trace = args.value("--trace").value_or("");
   options.metrics = args.value("--metrics").value_or("");
   if (auto d = args.value("--data-changed")) {

@@ -13,6 +13,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/loader_observer.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 
 namespace flowstate {
 namespace {
@@ -236,7 +237,10 @@ std::optional<CheckpointFound> Loader::restore(const std::string& dir) {
   if (options_.coordinator) {
     Coordinator& coordinator = *options_.coordinator;
     std::optional<CheckpointFound> found = find_group_checkpoint(dir, coordinator);
-    if (!found) return std::nullopt;
+    if (!found) {
+      save_pending_listings(*listings_);  // a fresh start keeps what it listed
+      return std::nullopt;
+    }
     const std::string file = found->path;
     // Every rank loads its part; all go on, or all fail with the first failure.
     std::optional<std::string> error;
@@ -254,7 +258,10 @@ std::optional<CheckpointFound> Loader::restore(const std::string& dir) {
     // checkpoints (a LATEST, a step directory, an unfinished write of one) is an error:
     // silently starting over at step 0 would retrain on consumed data.
     const CheckpointEvidence evidence = find_checkpoint_evidence(dir);
-    if (evidence.empty()) return std::nullopt;
+    if (evidence.empty()) {
+      save_pending_listings(*listings_);  // a fresh start keeps what it listed
+      return std::nullopt;
+    }
     std::string reasons;
     for (const auto& e : evidence.entries) reasons += "\n  " + e;
     throw CheckpointError(dir, "no checkpoint under '" + dir + "' verifies:" + reasons);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "flowstate/graph/loader_runtime.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 
 namespace flowstate {
 
@@ -31,7 +32,8 @@ Loader::Loader(Pipeline pipeline, LoaderOptions options)
       options_(std::move(options)),
       canonical_(pipeline_.canonical()),
       fingerprint_(fingerprint_of(canonical_)),
-      observer_(std::make_shared<detail::LoaderObserver>()) {
+      observer_(std::make_shared<detail::LoaderObserver>()),
+      listings_(std::make_shared<ListingMemo>()) {
   if (!options_.trace.empty()) {
     auto& o = *observer_;
     o.tracer = std::make_unique<Tracer>(options_.trace);
@@ -52,8 +54,17 @@ Loader::Loader(Pipeline pipeline, LoaderOptions options)
     }
     metrics_->last_ns = observer_->start_ns;
   }
-  runtime_ = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
+  runtime_ = make_runtime();
   last_stamp_ = runtime_->spine().snapshot();
+}
+
+std::unique_ptr<Loader::Runtime> Loader::make_runtime() {
+  // The sources open on this thread: their remote patterns are listed once per job.
+  ListingScope scope({.dir = options_.checkpoint_dir,
+                      .reuse = options_.on_data_change != OnDataChange::kContinue,
+                      .coordinator = options_.coordinator.get(),
+                      .memo = listings_});
+  return std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
 }
 
 Loader::~Loader() {
@@ -220,13 +231,13 @@ void Loader::rebuild(const PipelineState& state, const DataChange* change) {
       runtime_->note_restored();
       runtime_->spine().restore(state.spine, change);
     } catch (...) {
-      runtime_ = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
+      runtime_ = make_runtime();
       throw;
     }
     runtime_->spine().set_skips(skips);
   } else {
     // Open and restore a new spine first: if that fails, the loader keeps running as before.
-    auto rt = std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
+    auto rt = make_runtime();
     rt->spine().restore(state.spine, change);
     rt->spine().set_skips(skips);
     runtime_ = std::move(rt);
@@ -238,6 +249,9 @@ void Loader::rebuild(const PipelineState& state, const DataChange* change) {
   data_changes_ = state.data_changes;
   error_ = nullptr;
   finished_ = false;
+  // The state applied: listings made afresh for it (a resume continuing over a changed
+  // bucket) become the job's.
+  save_pending_listings(*listings_);
 }
 
 namespace {

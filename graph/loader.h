@@ -32,6 +32,8 @@
 
 namespace flowstate {
 
+struct ListingMemo;
+
 namespace detail {
 struct LoaderObserver;
 }
@@ -83,6 +85,14 @@ struct LoaderOptions {
   /// files added to or removed from a source's glob: refused, or continued by the changed
   /// nodes' rules (OnDataChange).
   OnDataChange on_data_change = OnDataChange::kRefuse;
+  /// The job's checkpoint directory, when known as the sources open: remote sources save the
+  /// listing of each `s3://` / `http(s)://` pattern in its `listings/`, and a Loader made again
+  /// on it (a resume) reads that listing instead of listing the store again — unless
+  /// `on_data_change` is kContinue, which lists afresh (and saves) so that the restore sees
+  /// objects added, removed or changed. With a `coordinator`, rank 0 lists (or reads) and
+  /// hands the listing to the other ranks. Empty: each Loader lists once (its rebuilds do not).
+  /// Does not change the batches; save_checkpoint and restore still take their directory.
+  std::string checkpoint_dir;
 };
 
 /// Where time went in a running Loader, for finding the bottleneck. Counters accumulate over
@@ -282,12 +292,18 @@ class Loader {
   /// state_struct() without encoding the spine (the caller encodes the stamp later).
   PipelineState state_struct_without_spine() const;
 
+  /// A new Runtime of the pipeline, its sources opened under this Loader's ListingContext.
+  std::unique_ptr<Runtime> make_runtime();
+
   Pipeline pipeline_;
   LoaderOptions options_;
   std::vector<CanonicalParam> canonical_;
   std::uint64_t fingerprint_ = 0;
   /// Tracer and checkpoint timings, shared with checkpoint writer threads.
   std::shared_ptr<detail::LoaderObserver> observer_;
+  /// The remote listings this Loader made (nodes/sources/remote_listing.h): its rebuilds
+  /// reuse them.
+  std::shared_ptr<ListingMemo> listings_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Runtime> runtime_;
   std::int64_t last_return_ns_ = 0;  ///< when next() last returned

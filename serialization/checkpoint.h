@@ -146,7 +146,8 @@ struct CheckpointEvidence {
 /// CheckpointError when `dir` cannot be listed.
 CheckpointEvidence find_checkpoint_evidence(const std::string& dir);
 
-/// Removes every checkpoint under `dir` (step directories, their .old and .tmp forms, LATEST)
+/// Removes every checkpoint under `dir` (step directories, their .old and .tmp forms, LATEST,
+/// the blobs and the saved remote listings)
 /// under the writers' lock, oldest first, and fsyncs `dir`: a crash part-way leaves the
 /// newest ones, never a hole. Other files are left alone. A missing `dir` is not an error.
 void remove_checkpoints(const std::string& dir);

@@ -473,6 +473,7 @@ void remove_checkpoints(const std::string& dir) {
   std::sort(doomed.begin(), doomed.end());
   for (const auto& [step, path] : doomed) remove_tree(path);
   remove_tree(join(dir, kBlobsDir));
+  remove_tree(join(dir, kListingsDir));  // a fresh run lists the objects again
   remove_tree(join(dir, kLatestFile));
   remove_tree(join(dir, std::string(kLatestFile) + std::string(kTmpSuffix)));
   fsync_directory(dir);

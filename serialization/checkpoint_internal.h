@@ -33,6 +33,9 @@ constexpr std::string_view kAsideSuffix = ".old";
 /// The directory of the blobs shared by a checkpoint directory's steps (checkpoint_blobs.cpp).
 constexpr std::string_view kBlobsDir = "blobs";
 constexpr std::string_view kBlobSuffix = ".blob";
+/// The directory of the remote listings a job saved beside its checkpoints (kListingsDir of
+/// nodes/sources/remote_listing.h, which this library does not see): removed with them.
+constexpr std::string_view kListingsDir = "listings";
 /// The first bytes of a stored state holding blob references (a state begins "FLWSTATE").
 constexpr std::string_view kStoredWithReferences = "FLWSREFS";
 constexpr std::size_t kMaxManifestBytes = std::size_t{1} << 20;

@@ -131,6 +131,10 @@ std::vector<std::string> identity_differences(const DataIdentity& saved, const D
     const FileIdentity* is = find(now_by_name, was.name);
     if (is == nullptr) {
       out.push_back(was.name + " was in the checkpoint and is gone");
+    } else if (was.etag && is->etag && *was.etag != *is->etag) {
+      // A remote object's ETag is its version: any other one is another object.
+      out.push_back(was.name + ": the object changed (ETag " + *was.etag + " in checkpoint, " +
+                    *is->etag + " now)");
     } else if (was.bytes != is->bytes) {
       out.push_back(was.name + ": " + std::to_string(was.bytes) + " bytes in checkpoint, " +
                     std::to_string(is->bytes) + " now");
@@ -199,6 +203,7 @@ std::string inspect_file_source(InArchive& ar, const InspectContext& ctx) {
             .add_raw("mtime_ns", std::to_string(f.stat->mtime_ns))
             .add_raw("ctime_ns", std::to_string(f.stat->ctime_ns));
       if (f.full) o.add("full_hash", hex64(*f.full));
+      if (f.etag) o.add("etag", *f.etag);
       files += (files.size() > 1 ? "," : "") + o.str();
     }
     j.add_raw("files", files + "]");
@@ -230,10 +235,11 @@ void FileSource::add_file(const ExpandedPath& path, const MappedFile& file, std:
   if (path.keep) {
     // A cached copy of a remote object: its inode and times are the cache's, not the object's
     // (a resume may download it again, or into another cache), so no stat is recorded; the
-    // object's size and sampled blocks (and, on download, its ETag) identify it.
+    // object's ETag (as listed), size and sampled blocks identify it.
     keep_.push_back(path.keep);
     id.stat.reset();
   }
+  if (!path.etag.empty()) id.etag = path.etag;
   identity_->files.push_back(std::move(id));
   total_ += records;
   first_.push_back(total_);
@@ -244,6 +250,7 @@ void FileSource::add_remote_file(const std::string& url, std::uint64_t bytes,
   files_.push_back(url);
   FileIdentity id{.name = url, .bytes = bytes, .items = records};
   for (std::size_t j = 0; j < kIdentityBlocks; ++j) id.blocks[j] = hash_combine(hash64(etag), j);
+  if (!etag.empty()) id.etag = etag;  // a changed object is refused naming both ETags
   identity_->files.push_back(std::move(id));
   total_ += records;
   first_.push_back(total_);

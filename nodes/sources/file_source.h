@@ -91,22 +91,27 @@ struct FileIdentity {
   std::optional<FileStat> stat;
   /// XXH3-64 of the whole file (`verify: full`), else absent.
   std::optional<std::uint64_t> full;
+  /// A remote object's ETag as its server listed it (quotes included), else absent: with the
+  /// URL as the name and the size, what identifies the object.
+  std::optional<std::string> etag;
   bool operator==(const FileIdentity&) const = default;
 };
 
 /// The data a file source read: its files in record order. Immutable once the source opened.
 struct DataIdentity {
   std::vector<FileIdentity> files;
-  /// Version 2 adds per file a byte of flags (1: a FileStat follows, 2: a whole-file hash).
+  /// Version 2 adds per file a byte of flags (1: a FileStat follows, 2: a whole-file hash,
+  /// 4: an ETag — after issue 23's ETag identity; a file without one reads as before).
   template <class Archive>
   void save(Archive& ar, std::uint32_t) const {
     ar(cereal::make_size_tag(static_cast<cereal::size_type>(files.size())));
     for (const auto& f : files) {
       ar(f.name, f.bytes, f.items);
       for (auto b : f.blocks) ar(b);
-      ar(static_cast<std::uint8_t>((f.stat ? 1 : 0) | (f.full ? 2 : 0)));
+      ar(static_cast<std::uint8_t>((f.stat ? 1 : 0) | (f.full ? 2 : 0) | (f.etag ? 4 : 0)));
       if (f.stat) ar(f.stat->device, f.stat->inode, f.stat->mtime_ns, f.stat->ctime_ns);
       if (f.full) ar(*f.full);
+      if (f.etag) ar(*f.etag);
     }
   }
   template <class Archive>
@@ -125,7 +130,7 @@ struct DataIdentity {
       if (version < 2) continue;
       std::uint8_t flags = 0;
       ar(flags);
-      if (flags > 3)
+      if (flags > 7)
         throw std::runtime_error("unexpected flags " + std::to_string(flags) + " of data file '" +
                                  f.name + "' in a data identity");
       if (flags & 1) {
@@ -137,6 +142,11 @@ struct DataIdentity {
         std::uint64_t h = 0;
         ar(h);
         f.full = h;
+      }
+      if (flags & 4) {
+        std::string etag;
+        load_bounded(ar, etag);
+        f.etag = std::move(etag);
       }
     }
   }
@@ -300,8 +310,9 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// Appends the next file, a remote object opened lazily (nodes/sources/remote_window.h), by
   /// its listing alone: `url` names it (in messages and the identity), `bytes` and `etag` are
   /// the listed size and ETag. Its identity's sampled blocks are hashes of the ETag (the bytes
-  /// are not at hand; the server's hash of them stands in), so a changed object is refused on
-  /// resume as "content differs"; it records no stat, and `verify: full` hashes nothing more.
+  /// are not at hand; the server's hash of them stands in), and the ETag is recorded too, so a
+  /// changed object is refused on resume naming both ETags; it records no stat, and
+  /// `verify: full` hashes nothing more.
   void add_remote_file(const std::string& url, std::uint64_t bytes, const std::string& etag,
                        std::uint64_t records);
   /// The spine started epoch `epoch` (start_epoch; not on a restore): a source that reads

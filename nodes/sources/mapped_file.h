@@ -90,6 +90,9 @@ struct ExpandedPath {
   /// What must live while the file is read: a remote object's pin on its cached copy (see
   /// nodes/sources/object_cache.h); null for a local file.
   std::shared_ptr<const void> keep;
+  /// A remote object's ETag as listed (quotes included; may be empty for HTTP); empty for a
+  /// local file. Part of the object's data identity.
+  std::string etag;
 };
 
 /// expand_paths, with each file's name (see ExpandedPath).

@@ -18,6 +18,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 
 namespace flowstate {
 
@@ -329,13 +330,16 @@ std::vector<std::shared_ptr<const CachePin>> ObjectCache::fetch(
 
 std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern) {
   const RemoteSettings remote = RemoteSettings::from_environment();
-  const auto objects = list_remote(pattern, remote);
+  const auto objects = job_listing(pattern, remote);  // once per job (remote_listing.h)
   ObjectCache cache(CacheSettings::from_environment());
   const auto pins = cache.fetch(objects, remote);
   std::vector<ExpandedPath> out;
   out.reserve(objects.size());
   for (std::size_t i = 0; i < objects.size(); ++i)
-    out.push_back({.path = pins[i]->path(), .name = objects[i].url, .keep = pins[i]});
+    out.push_back({.path = pins[i]->path(),
+                   .name = objects[i].url,
+                   .keep = pins[i],
+                   .etag = objects[i].etag});
   return out;
 }
 

@@ -98,10 +98,12 @@ class ObjectCache {
   std::filesystem::path objects_, partial_, lock_path_;
 };
 
-/// The objects a remote `pattern` names (list_remote, settings from the environment), fetched
+/// The objects a remote `pattern` names (job_listing: listed once per job, settings from the
+/// environment), fetched
 /// into the cache (CacheSettings::from_environment()) and pinned: per object its copy's path,
 /// its URL as the name (so a data identity names the object, wherever the cache lies), and the
-/// pin in `keep`. expand_named_paths calls it for an `s3://`, `http://` or `https://` pattern.
+/// pin in `keep`, and its ETag. expand_named_paths calls it for an `s3://`, `http://` or `https://`
+/// pattern.
 std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern);
 
 /// The cache key of an object: 32 hex digits from its URL, ETag and size.

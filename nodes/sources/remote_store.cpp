@@ -189,6 +189,7 @@ std::size_t header_cb(char* data, std::size_t, std::size_t n, void* user) {
 /// Sends one request (one attempt).
 Response perform(Request& req, const RemoteSettings& s) {
   curl_init_once();
+  wait_for_request_slot(s.rate);
   req.resp = Response{};
   Response& resp = req.resp;
   std::unique_ptr<CURL, void (*)(CURL*)> h(curl_easy_init(), curl_easy_cleanup);
@@ -489,12 +490,20 @@ RemoteSettings RemoteSettings::from_environment() {
       std::chrono::milliseconds(parse_env_number("FLOWSTATE_REMOTE_BACKOFF", 1000, 0, 3600, 0.2));
   s.connections = static_cast<int>(parse_env_number("FLOWSTATE_REMOTE_CONNECTIONS", 1, 1, 256, 8));
   s.page_keys = static_cast<int>(parse_env_number("FLOWSTATE_S3_PAGE_KEYS", 1, 1, 1000, 1000));
+  s.rate = static_cast<double>(parse_env_number("FLOWSTATE_REMOTE_RATE", 1000, 0, 1e6, 0)) / 1000.0;
   return s;
 }
 
 std::vector<RemoteObject> list_remote(const std::string& pattern, const RemoteSettings& settings) {
   if (pattern.starts_with("s3://")) return list_s3(pattern, settings);
   return list_http(pattern, settings);
+}
+
+std::string s3_fetch_url(const std::string& url, const RemoteSettings& settings) {
+  const std::string rest = url.substr(std::min<std::size_t>(url.size(), 5));  // after "s3://"
+  const auto slash = rest.find('/');
+  return s3_url(settings, rest.substr(0, slash),
+                slash == std::string::npos ? "" : rest.substr(slash + 1));
 }
 
 void download_object(const RemoteObject& object, int fd, const RemoteSettings& s,
@@ -537,6 +546,12 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
     const Response r = perform(req, s);
     if (!write_error.empty())
       throw DataError(object.url, got, "cannot download '" + object.url + "': " + write_error);
+    if ((r.status == 200 || r.status == 206) && !object.etag.empty() && !r.etag.empty() &&
+        r.etag != object.etag)
+      // A server that ignores If-Match (s3rver does) sent another version: refused as a 412.
+      throw DataError(object.url, DataError::kNoOffset,
+                      "'" + object.url + "' changed on the server since it was listed (its ETag " +
+                          object.etag + " is now " + r.etag + ")");
     if (r.code == CURLE_OK && (r.status == 200 || r.status == 206)) {
       done = got == object.size;
       if (!done && got == at_start) {
@@ -556,6 +571,22 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
     g_retries.fetch_add(1, std::memory_order_relaxed);
     backoff_sleep(s, failures);
   }
+}
+
+void wait_for_request_slot(double rate) {
+  if (!(rate > 0)) return;
+  using Clock = std::chrono::steady_clock;
+  static std::mutex mu;
+  static Clock::time_point next{};  // when the next request may start
+  Clock::time_point start;
+  {
+    std::lock_guard lock(mu);
+    const auto now = Clock::now();
+    start = std::max(now, next);
+    next = start +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / rate));
+  }
+  std::this_thread::sleep_until(start);
 }
 
 RemoteRequestCounts remote_request_counts() {

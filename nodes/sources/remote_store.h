@@ -59,6 +59,10 @@ struct RemoteSettings {
   std::chrono::milliseconds backoff{200};
   int connections = 8;   ///< parallel downloads (FLOWSTATE_REMOTE_CONNECTIONS, default 8)
   int page_keys = 1000;  ///< keys per ListObjectsV2 page (FLOWSTATE_S3_PAGE_KEYS; tests page)
+  /// Requests per second this process starts at most, over all its connections — list
+  /// pages, HEADs, GETs and retries alike — spaced evenly (FLOWSTATE_REMOTE_RATE; 0, the
+  /// default: unbounded). Per process: a job of N processes sends up to N times as many.
+  double rate = 0;
 
   /// Reads the environment and, for what it lacks, the shared credentials and config files
   /// (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials, AWS_CONFIG_FILE or ~/.aws/config) for
@@ -85,6 +89,10 @@ struct RemoteObject {
 /// DataError naming the (redacted) URL, the HTTP status and the attempts.
 std::vector<RemoteObject> list_remote(const std::string& pattern, const RemoteSettings& settings);
 
+/// The HTTP(S) URL a GET of the S3 object `url` (`s3://bucket/key`, as listed) reads under
+/// `settings`: path-style under the endpoint, else AWS's virtual-hosted URL.
+std::string s3_fetch_url(const std::string& url, const RemoteSettings& settings);
+
 /// Calls `fn(i)` for every i in [0, count) on up to `connections` threads (the caller's
 /// included), each taking the next index; the first exception any call throws stops the
 /// others from taking more and is rethrown once all have returned.
@@ -98,6 +106,12 @@ void for_each_connection(std::size_t count, int connections,
 /// Throws DataError naming the URL, the last HTTP status (or transfer error) and the attempts.
 void download_object(const RemoteObject& object, int fd, const RemoteSettings& settings,
                      const std::function<void(std::uint64_t)>& progress = {});
+
+/// Waits until this process may start one more request under a bound of `rate` requests per
+/// second (RemoteSettings::rate; 0: returns at once). One schedule for the whole process, so
+/// every connection shares it: the k-th request starts no sooner than k / rate seconds after
+/// the schedule was last idle (virtual scheduling, no burst).
+void wait_for_request_slot(double rate);
 
 /// Counts of requests this process sent (tests and benchmarks read them).
 struct RemoteRequestCounts {

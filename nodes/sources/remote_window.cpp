@@ -7,6 +7,7 @@
 #include <set>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 
 namespace flowstate {
 
@@ -47,7 +48,7 @@ std::vector<SourceFile> list_source_files(const std::vector<std::string>& patter
   for (const auto& pattern : patterns) {
     if (is_remote_url(pattern)) {
       if (!remote) remote = RemoteSettings::from_environment();
-      for (auto& o : list_remote(pattern, *remote))
+      for (auto& o : job_listing(pattern, *remote))  // once per job (remote_listing.h)
         if (seen.insert(o.url).second) out.push_back({.local = {}, .remote = std::move(o)});
       continue;
     }

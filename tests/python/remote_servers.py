@@ -195,7 +195,7 @@ class FaultProxy:
 
     `rate` caps the bytes per second sent to the client, per connection. `always` is a fault
     applied to every connection once `faults` is empty (None: pass through). Request lines seen
-    are kept in `requests`."""
+    are kept in `requests`, their arrival times in `times`."""
 
     def __init__(self, upstream_port, faults=(), rate=None, always=None):
         self.upstream_port = upstream_port
@@ -203,6 +203,7 @@ class FaultProxy:
         self.rate = rate
         self.always = always
         self.requests = []
+        self.times = []  # when each request of `requests` arrived (time.monotonic())
         self.connections = 0
         self.lock = threading.Lock()
         self.sock = socket.socket()
@@ -263,6 +264,7 @@ class FaultProxy:
             line = request.split(b"\r\n", 1)[0].decode("latin-1")
             with self.lock:
                 self.requests.append(line)
+                self.times.append(time.monotonic())
             kind, arg = fault if fault and fault[0] != "pass" else (None, None)
             if kind == "status":
                 reason = {503: "Service Unavailable", 429: "Too Many Requests"}.get(arg, "Error")

@@ -271,7 +271,7 @@ def test_sigkill_mid_download_leaves_no_partial_copy_and_the_rerun_equals_local(
     assert not partials(cache)
 
 
-def test_checkpoint_resume_on_s3_equals_an_uninterrupted_run_and_a_changed_object_is_refused(
+def test_checkpoint_resume_on_s3_equals_an_uninterrupted_run(
         tmp_path, local_data, s3):
     yaml = pipeline(tmp_path / "remote.yaml",
                     records_source("s3://bucket/data/records/part-*.bin"))
@@ -286,15 +286,7 @@ def test_checkpoint_resume_on_s3_equals_an_uninterrupted_run_and_a_changed_objec
     run(["run", str(yaml), "--resume", "--checkpoint-dir", str(ck), "--digests", str(first)],
         env=env2)
     assert first.read_text() == whole
-    # The object changes on the server (same size, other bytes): the resume is refused.
-    run(["run", str(yaml), "--steps", "20", "--checkpoint-dir", str(tmp_path / "ck2"),
-         "--checkpoint-every", "10"], env=env)
-    s3.client().put_object(Bucket="bucket", Key="data/records/part-00001.bin",
-                           Body=b"\x07" * (RECORDS // SHARDS * RECORD_BYTES))
-    r = run(["run", str(yaml), "--resume", "--checkpoint-dir", str(tmp_path / "ck2")],
-            env=env, check=False)
-    assert r.returncode == 4, r.stderr
-    assert "s3://bucket/data/records/part-00001.bin: content differs" in r.stderr, r.stderr
+    # A changed object: test_a_resume_reads_the_listed_versions_and_a_changed_object_is_...
 
 
 def test_a_server_restart_mid_download_is_retried(tmp_path, local_data, s3):
@@ -371,3 +363,156 @@ def test_the_cache_limit_holds_and_a_too_small_limit_is_a_config_error(
             env={**s3.env(), **cache_env(tmp_path, limit="1MiB")}, check=False)
     assert r.returncode == 2, r.stderr
     assert "FLOWSTATE_CACHE_LIMIT" in r.stderr and "is smaller than" in r.stderr
+
+
+def listing_files(ck):
+    return sorted((ck / "listings").glob("*.json")) if (ck / "listings").exists() else []
+
+
+def test_a_job_lists_once_and_a_resume_reads_the_listing_saved_beside_the_checkpoints(
+        tmp_path, local_data, s3):
+    """Lists per job = the pages of one listing: a resume (warm or cold cache) lists nothing;
+    the saved listing holds no secret; --data-changed continue lists again."""
+    proxy = FaultProxy(s3.port).start()
+    try:
+        yaml = pipeline(tmp_path / "remote.yaml",
+                        records_source("s3://bucket/data/records/part-*.bin"))
+        env = {**s3.env(proxy.url), **cache_env(tmp_path), "FLOWSTATE_S3_PAGE_KEYS": "2",
+               "AWS_SESSION_TOKEN": "TOKEN-SECRET-XYZ"}
+        pages = (SHARDS + 2 + 1) // 2  # 6 keys under the prefix, 2 a page
+        whole = digests(tmp_path, yaml, env)
+        ck = tmp_path / "ck"
+        out = tmp_path / "d.txt"
+        before = len(proxy.requests)
+        run(["run", str(yaml), "--steps", "40", "--checkpoint-dir", str(ck),
+             "--checkpoint-every", "10", "--digests", str(out)], env=env)
+        assert len(lists(proxy.requests[before:])) == pages
+        [saved] = listing_files(ck)
+        text = saved.read_text()
+        assert "s3://bucket/data/records/part-00001.bin" in text
+        for secret in ("TOKEN-SECRET-XYZ", "127.0.0.1", s3.env()["AWS_SECRET_ACCESS_KEY"]):
+            assert secret not in text, secret
+        # The resume reads the saved listing: no list request, warm cache: no GET either.
+        before = len(proxy.requests)
+        run(["run", str(yaml), "--resume", "--steps", "80", "--checkpoint-dir", str(ck),
+             "--checkpoint-every", "10", "--digests", str(out)], env=env)
+        assert proxy.requests[before:] == [], proxy.requests[before:]
+        # A cold cache: the objects are fetched, still not listed.
+        before = len(proxy.requests)
+        run(["run", str(yaml), "--resume", "--checkpoint-dir", str(ck), "--digests", str(out)],
+            env={**env, **cache_env(tmp_path / "cold")})
+        assert lists(proxy.requests[before:]) == []
+        assert len(gets(proxy.requests[before:])) == SHARDS
+        assert out.read_text() == whole
+        # --data-changed continue lists afresh (and saves what it listed).
+        before = len(proxy.requests)
+        run(["run", str(yaml), "--resume", "--data-changed", "continue", "--checkpoint-dir",
+             str(ck)], env=env)
+        assert len(lists(proxy.requests[before:])) == pages
+        # --overwrite starts the job afresh: the saved listing goes with the checkpoints.
+        before = len(proxy.requests)
+        run(["run", str(yaml), "--steps", "10", "--overwrite", "--checkpoint-dir", str(ck)],
+            env=env)
+        assert len(lists(proxy.requests[before:])) == pages
+    finally:
+        proxy.stop()
+
+
+def test_a_resume_reads_the_listed_versions_and_a_changed_object_is_refused_naming_it(
+        tmp_path, local_data, s3):
+    """The job's data is what it listed: a resume on a changed bucket reads the versions it
+    listed (cached) exactly, refuses to download a version the server no longer has, and with
+    --data-changed continue (which lists again) refuses the changed object by its ETag —
+    leaving the saved listing as it was."""
+    want = digests(tmp_path, pipeline(tmp_path / "local.yaml",
+                                      records_source(local_data / "records/part-*.bin")))
+    yaml = pipeline(tmp_path / "remote.yaml",
+                    records_source("s3://bucket/data/records/part-*.bin"))
+    env = {**s3.env(), **cache_env(tmp_path)}
+    ck = tmp_path / "ck"
+    out = tmp_path / "d.txt"
+    run(["run", str(yaml), "--steps", "20", "--checkpoint-dir", str(ck), "--checkpoint-every",
+         "10", "--digests", str(out)], env=env)
+    [saved] = listing_files(ck)
+    listed = saved.read_text()
+    s3.client().put_object(Bucket="bucket", Key="data/records/part-00001.bin",
+                           Body=b"\x07" * (RECORDS // SHARDS * RECORD_BYTES))
+    # A cold cache: the listed version is gone from the server.
+    r = run(["run", str(yaml), "--resume", "--checkpoint-dir", str(ck)],
+            env={**env, **cache_env(tmp_path / "cold")}, check=False)
+    assert r.returncode == 3, r.stderr
+    assert "'s3://bucket/data/records/part-00001.bin' changed on the server" in r.stderr
+    # Listing again: the object's ETag is not the checkpoint's.
+    r = run(["run", str(yaml), "--resume", "--data-changed", "continue", "--checkpoint-dir",
+             str(ck)], env=env, check=False)
+    assert r.returncode == 4, r.stderr
+    assert "s3://bucket/data/records/part-00001.bin: the object changed (ETag" in r.stderr, \
+        r.stderr
+    assert saved.read_text() == listed, "a refused restore keeps the job's listing"
+    # The warm cache holds the listed versions: the resume reads them, exactly.
+    run(["run", str(yaml), "--resume", "--checkpoint-dir", str(ck), "--digests", str(out)],
+        env=env)
+    assert out.read_text() == want
+
+
+def test_under_mpirun_rank_zero_lists_once_for_every_rank(tmp_path, local_data, s3):
+    import shutil
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun is not installed")
+    proxy = FaultProxy(s3.port).start()
+    try:
+        yaml = tmp_path / "remote.yaml"
+        yaml.write_text("seed: 3\nsource: " +
+                        records_source("s3://bucket/data/records/part-*.bin") +
+                        "\nnodes:\n  - shard: {}\n  - shuffle: {mode: global}\n"
+                        "  - batch: {size: 64}\n")
+        env = {**os.environ, **s3.env(proxy.url), **cache_env(tmp_path),
+               "FLOWSTATE_S3_PAGE_KEYS": "2", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+            env.pop(k, None)
+        ck = tmp_path / "ck"
+        pages = (SHARDS + 2 + 1) // 2
+        for extra in ([], ["--resume"]):
+            before = len(proxy.requests)
+            r = subprocess.run([mpirun, "--oversubscribe", "-np", "3", cli_path(), "run",
+                                str(yaml), "--checkpoint-dir", str(ck), "--checkpoint-every",
+                                "5", "--steps", "20", "--digests",
+                                str(tmp_path / "d-{rank}.txt"), *extra],
+                               env=env, capture_output=True, text=True, timeout=180)
+            assert r.returncode == 0, r.stdout + r.stderr
+            seen = lists(proxy.requests[before:])
+            # One listing for the job (3 ranks), none on the resume.
+            assert len(seen) == (0 if extra else pages), seen
+        for k in range(3):
+            assert (tmp_path / f"d-{k}.txt").read_text()
+    finally:
+        proxy.stop()
+
+
+def test_the_request_rate_bound_spaces_every_request_of_the_process(tmp_path, local_data, s3):
+    """FLOWSTATE_REMOTE_RATE=4: the list pages and the GETs of 2 connections arrive at the
+    server at least 1/4 s apart (the proxy's clock), and the data is the same."""
+    proxy = FaultProxy(s3.port).start()
+    try:
+        want = digests(tmp_path, pipeline(tmp_path / "local.yaml",
+                                          records_source(local_data / "records/part-*.bin")))
+        yaml = pipeline(tmp_path / "remote.yaml",
+                        records_source("s3://bucket/data/records/part-*.bin"))
+        rate = 4.0
+        env = {**s3.env(proxy.url), **cache_env(tmp_path), "FLOWSTATE_S3_PAGE_KEYS": "2",
+               "FLOWSTATE_REMOTE_CONNECTIONS": "2", "FLOWSTATE_REMOTE_RATE": str(rate)}
+        assert digests(tmp_path, yaml, env) == want
+        times = sorted(proxy.times)
+        assert len(times) == (SHARDS + 2 + 1) // 2 + SHARDS, proxy.requests
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        print(f"rate {rate}/s: {len(times)} requests over {times[-1] - times[0]:.2f} s, "
+              f"smallest gap {min(gaps):.3f} s")
+        # The process starts them 1/rate apart; the proxy sees each a little later (connect,
+        # scheduling on a loaded machine: up to 0.15 s allowed). Unbounded, the GETs of the 2
+        # connections arrive together.
+        assert min(gaps) >= 1 / rate - 0.15, gaps
+        assert times[-1] - times[0] >= (len(times) - 1) / rate - 0.15
+    finally:
+        proxy.stop()

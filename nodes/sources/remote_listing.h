@@ -1,0 +1,95 @@
+// One listing per job: the objects a remote pattern names are listed once for the whole job —
+// by rank 0, handed to the other ranks through the Coordinator — and saved beside the job's
+// checkpoints (`<checkpoint dir>/listings/<16 hex>.json`, named by the pattern), where a
+// resume reads them instead of listing again. A Loader sets the context (a ListingScope) for
+// the thread that opens its sources; expand_remote_paths asks job_listing() for each pattern.
+// Outside any scope (a lone Pipeline build, `flowstate inspect`), job_listing lists.
+//
+//   ListingScope scope({.dir = "ck", .coordinator = coord.get(), .memo = memo});
+//   auto objects = job_listing("s3://bucket/train-*.tar", RemoteSettings::from_environment());
+//
+// A saved listing holds per object its URL (redacted), size and ETag, never a fetch URL or
+// anything else of the settings: a URL's user info or query (a presigned signature) stays out,
+// and the GET URL is made again from the settings in force (another endpoint, a proxy).
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "flowstate/core/coordinator.h"
+#include "flowstate/nodes/sources/remote_store.h"
+
+namespace flowstate {
+
+/// The directory under a checkpoint directory that holds its saved listings.
+inline constexpr const char* kListingsDir = "listings";
+
+/// The listings one Loader made, by pattern: a rebuild of its sources (a restore into a
+/// running loader) does not list again. Thread-safe.
+struct ListingMemo {
+  std::mutex mu;
+  std::map<std::string, std::vector<RemoteObject>> listings;  ///< by redacted pattern
+  /// Listings made afresh (ListingContext::reuse false) and not saved yet: (file, text).
+  std::vector<std::pair<std::filesystem::path, std::string>> pending;
+};
+
+/// Saves the memo's pending listings (durably, each replacing the one saved before) and
+/// forgets them. A Loader calls it once a restore succeeded: a restore that continues over a
+/// changed bucket and is refused leaves the job's saved listing as it was. Throws
+/// CheckpointError naming a file it cannot write.
+void save_pending_listings(ListingMemo& memo);
+
+/// Where and how a job's listings are made, for the sources a Loader opens.
+struct ListingContext {
+  /// The job's checkpoint directory: listings are saved in (and, with `reuse`, read from) its
+  /// `listings/`. Empty: nothing is saved or read.
+  std::filesystem::path dir;
+  /// Read a saved listing, when there is one, instead of listing. False: list afresh, as a
+  /// resume that continues over a changed bucket must, and keep the listing in the memo's
+  /// `pending` until save_pending_listings (saved at once when there is no memo).
+  bool reuse = true;
+  /// The job's ranks: rank 0 lists (or reads the saved listing) and the others receive it
+  /// through all_gather — a collective call per remote pattern, made by every rank as it
+  /// opens the same pipeline. Null: this process lists.
+  Coordinator* coordinator = nullptr;
+  /// Listings already made by this Loader (looked up first); null: none kept.
+  std::shared_ptr<ListingMemo> memo;
+};
+
+/// Sets the ListingContext of the calling thread while it lives (scopes nest; the previous
+/// context comes back).
+class ListingScope {
+ public:
+  explicit ListingScope(ListingContext context);
+  ~ListingScope();
+  ListingScope(const ListingScope&) = delete;
+  ListingScope& operator=(const ListingScope&) = delete;
+
+ private:
+  ListingContext context_;
+  const ListingContext* previous_;
+};
+
+/// The objects `pattern` names, made once per job under the calling thread's ListingContext:
+/// from the memo; else on rank 0 (or a process on its own) from the saved listing (with
+/// `reuse`) or list_remote — saving what it listed — and on the other ranks from rank 0's
+/// answer. An error rank 0 met (a DataError naming the URL, a ConfigError) is thrown on every
+/// rank. A saved listing that cannot be read is a CheckpointError naming its file.
+std::vector<RemoteObject> job_listing(const std::string& pattern, const RemoteSettings& settings);
+
+/// The file under `dir` that holds the saved listing of `pattern`:
+/// `dir/listings/<XXH3-64 of the redacted pattern, 16 hex>.json`.
+std::filesystem::path listing_file(const std::filesystem::path& dir, const std::string& pattern);
+
+/// A listing as saved (JSON: format, pattern, objects with url, size, etag).
+std::string encode_listing(const std::string& pattern, const std::vector<RemoteObject>& objects);
+/// A listing saved by encode_listing for `pattern`, its fetch URLs made for `settings`.
+/// Throws CheckpointError naming `file` when the text is not one, or is another pattern's.
+std::vector<RemoteObject> decode_listing(const std::string& text, const std::string& pattern,
+                                         const RemoteSettings& settings, const std::string& file);
+
+}  // namespace flowstate
