@@ -19,7 +19,16 @@ struct Ref {
   /// number of steps (shard's `uneven: pad`). Record indices stay far below it.
   static constexpr std::uint64_t kPadBit = std::uint64_t{1} << 63;
 
+  /// `shard` of a gone position (Ref::gone): in an epoch that continues over files removed
+  /// mid-epoch, a position of a removed file's record (SpineNode::positions). Never a record.
+  static constexpr std::uint32_t kGoneShard = ~std::uint32_t{0};
+
   auto operator<=>(const Ref&) const = default;
+  /// The gone position of source `source`: a skip marker, not data (see kGoneShard). The nodes
+  /// that address their upstream by position (shuffle, shard) skip it; pull never returns it.
+  static Ref gone(std::uint32_t source) { return {source, kGoneShard, 0}; }
+  /// True for a gone position (see gone()).
+  bool is_gone() const { return shard == kGoneShard; }
   /// True when this sample repeats a record as padding (see kPadBit).
   bool is_pad() const { return (index & kPadBit) != 0; }
   /// The record this Ref reads: itself without the padding mark.

@@ -22,6 +22,13 @@ class TimedUpstream final : public SpineNode {
       rethrow_with_node(std::current_exception(), name());
     }
   }
+  std::uint64_t positions(std::uint64_t epoch) const override {
+    try {
+      return inner_->positions(epoch);
+    } catch (...) {
+      rethrow_with_node(std::current_exception(), name());
+    }
+  }
   bool indexed() const override { return inner_->indexed(); }
   const SpineNode* underlying() const override { return inner_->underlying(); }
   // Not timed: a random-access read of a Ref is a few nanoseconds, called per Ref; it counts

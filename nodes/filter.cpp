@@ -241,8 +241,11 @@ bool FilterNode::extend_window(std::size_t max) {
       d.error = std::current_exception();  // thrown if and when the filter pulls this Ref
     }
   };
+  // (A gone position — a file removed mid-epoch, SpineNode::positions — has no view: it is
+  // decided as an error the filter never pulls.)
   for_each_decision(parallel_,
-                    by_length_ && store_->view(window_[first].ref, by_length_->field).has_value(),
+                    by_length_ && !window_[first].ref.is_gone() &&
+                        store_->view(window_[first].ref, by_length_->field).has_value(),
                     n, one);
   return true;
 }

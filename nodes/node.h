@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -33,8 +34,8 @@ inline constexpr std::uint64_t kUnknownSize = ~std::uint64_t{0};
 /// weights or inputs, DataChange) must leave intact for the node to continue exactly.
 enum class UpstreamHold : std::uint8_t {
   kNothing,    ///< counters only (filter, map, batch)
-  kPositions,  ///< addresses its upstream by position within the epoch's size (shard's rank
-               ///< ranges): an epoch whose size changes (files removed) moves its positions
+  kPositions,  ///< addresses its upstream by position (shard's ranks): files removed
+               ///< mid-epoch keep the positions, and it passes over gone ones
   kRefs,       ///< Refs of upstream items (pack's carry-over): the items they name must keep
                ///< their Refs (a mix keeps its inputs' numbers and removes none)
   kReplay,     ///< replays its upstream from a saved position (a stream shuffle's key-frame):
@@ -65,6 +66,12 @@ struct DataChange {
   /// change of that node must continue through. A node not listed (one inside a mix's input)
   /// is not known here.
   std::map<std::string, std::vector<std::pair<UpstreamHold, std::string>>> holds_after;
+  /// Per source id, how a file source whose files changed renumbers the Refs the checkpoint
+  /// named (FileSource::continue_over_files sets it): the Ref numbered as the files opened now
+  /// number it, or Ref::gone() for a record of a removed file. A node that holds Refs of its
+  /// upstream (pack, UpstreamHold::kRefs) carries them over with it when it is restored after
+  /// the source.
+  mutable std::map<std::uint32_t, std::function<Ref(const Ref&)>> renumber;
 
   /// The DataChange of the restore running on this thread (restore_nodes sets it), or null.
   static const DataChange* current();
@@ -121,9 +128,17 @@ class SpineNode {
 
   /// Number of Refs this node emits in `epoch`, or kUnknownSize.
   virtual std::uint64_t size(std::uint64_t epoch) const = 0;
+  /// The positions at() addresses in `epoch`: size(epoch), except in an epoch that continues
+  /// over files removed mid-epoch (docs/DECISIONS.md "Files removed under shuffle, shard or
+  /// pack"): its positions keep the epoch's numbering, at() answers Ref::gone() for those of
+  /// a removed file's records, and size() counts what pull() delivers (kUnknownSize where
+  /// that is not known). A node that addresses its upstream by position uses this range and
+  /// skips gone positions.
+  virtual std::uint64_t positions(std::uint64_t epoch) const { return size(epoch); }
   /// True when `at` gives O(1) random access to this node's output.
   virtual bool indexed() const { return false; }
-  /// The i-th Ref of `epoch` (requires indexed() and i < size(epoch)).
+  /// The i-th Ref of `epoch` (requires indexed() and i < positions(epoch)); Ref::gone() for a
+  /// gone position (see positions()).
   virtual Ref at(std::uint64_t epoch, std::uint64_t i) const;
 
   /// Moves the cursor to the beginning of `epoch` (and the upstream's, where it streams).

@@ -19,7 +19,8 @@ const NodeDef& pack_node() {
        .doc = "concatenates token sequences and cuts rows of exactly `length` tokens",
        // Its rows replace the input's Refs, which a mix addresses by Ref::source.
        .placement = {.in_mix_input = false},
-       // Its carry-over is the Ref of the document the next row starts in.
+       // Its carry-over is the Ref of the document the next row starts in (carried over a
+       // change of a source's files by DataChange::renumber).
        .holds_upstream = UpstreamHold::kRefs},
       [](BuildContext& ctx, const PackOptions& o) {
         const SampleReader* reader = ctx.reader();
@@ -79,11 +80,53 @@ void PackNode::start_epoch(std::uint64_t epoch) {
   clear_ahead();
 }
 
+void PackNode::renumber(const DataChange& change) {
+  auto now = [&](const Ref& ref) {
+    auto it = change.renumber.find(ref.source);
+    return it == change.renumber.end() ? ref : it->second(ref);
+  };
+  std::string skipped;
+  if (state_.has_carry) {
+    const Ref carry = now(state_.carry);
+    if (carry.is_gone()) {
+      // Its tokens up to carry_at were delivered; the rest lie in a file that is gone.
+      skipped = "the rest of document " + state_.carry.to_string() + " (" +
+                std::to_string(state_.carry_at) +
+                " of its tokens delivered; the next row starts with the next document)";
+      state_.has_carry = false;
+      state_.carry = Ref{};
+      state_.carry_at = 0;
+    } else {
+      state_.carry = carry;
+    }
+  }
+  std::vector<Ref> kept;
+  std::uint64_t gone = 0;
+  for (std::size_t i = state_.pending_at; i < state_.pending.size(); ++i) {
+    const Ref r = now(state_.pending[i]);
+    if (r.is_gone())
+      ++gone;
+    else
+      kept.push_back(r);
+  }
+  state_.pending = std::move(kept);
+  state_.pending_at = 0;
+  if (gone > 0)
+    skipped += (skipped.empty() ? "" : " and ") + std::to_string(gone) + " document" +
+               (gone == 1 ? "" : "s") + " pulled and not started";
+  if (!skipped.empty())
+    change.notes.push_back(name() + ": of files removed, " + skipped + " skipped in epoch " +
+                           std::to_string(state_.epoch));
+}
+
 void PackNode::on_restored() {
   upstream_done_ = false;
   pending_views_.clear();  // the restored pending Refs are viewed one by one
   ahead_off_ = false;
   clear_ahead();
+  // A restore over a source whose files changed: its Refs as the files now number them.
+  if (const DataChange* change = DataChange::current(); change && !change->renumber.empty())
+    renumber(*change);
   carry_doc_ = state_.has_carry ? load_document(state_.carry) : Document();
   if (state_.has_carry && state_.carry_at >= extent(carry_doc_))
     throw CheckpointError("state", "pack '" + name() + "' resumes " +

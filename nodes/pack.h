@@ -205,6 +205,11 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   bool read_ahead(std::uint64_t at, const Ref& current);
   /// Drops the window (a new epoch, a restore).
   void clear_ahead();
+  /// Carries the restored state's Refs over to a source whose files changed (DataChange::
+  /// renumber): the carry and the pending documents renumbered; pending documents of a removed
+  /// file skipped, and the rest of a carry document of a removed file skipped (the next row
+  /// starts with the next document). Notes what it skipped.
+  void renumber(const DataChange& change);
   /// Throws DataError unless `d` is an integer dtype equal to the earlier documents'.
   void check_dtype(const Ref& ref, DType d, const Shape& shape);
   std::uint64_t extent(const Document& doc) const {

@@ -19,7 +19,7 @@ const NodeDef& shard_node() {
        .doc = "splits the records (before batch) or each global batch (after batch) across "
               "ranks; every record goes to one rank per epoch",
        .splits_ranks = true,
-       // Each rank's range is cut from the epoch's size: files removed mid-epoch move it.
+       // Each rank's positions are cut from the epoch's positions (SpineNode::positions).
        .holds_upstream = UpstreamHold::kPositions},
       [](BuildContext& ctx, const ShardOptions& o) {
         if (o.after_batch) {
@@ -182,11 +182,26 @@ void ShardNode::connect(SpineNode* upstream) {
 }
 
 std::uint64_t ShardNode::size(std::uint64_t epoch) const {
-  return shard_size(upstream_->size(epoch), rank_, world_, mode_, uneven_);
+  const std::uint64_t n = upstream_->positions(epoch);
+  // Gone positions (files removed mid-epoch) are skipped: how many of this rank's lie ahead is
+  // not counted.
+  if (n != upstream_->size(epoch)) return kUnknownSize;
+  return shard_size(n, rank_, world_, mode_, uneven_);
+}
+
+std::uint64_t ShardNode::positions(std::uint64_t epoch) const {
+  // Each rank's positions are the same function of the upstream's in every case: ranks stay
+  // disjoint when some of them are gone.
+  return shard_size(upstream_->positions(epoch), rank_, world_, mode_, uneven_);
+}
+
+void ShardNode::start_epoch(std::uint64_t epoch) {
+  upstream_->start_epoch(epoch);  // as GlobalShuffleNode::start_epoch
+  state_ = {epoch, 0};
 }
 
 Ref ShardNode::at(std::uint64_t epoch, std::uint64_t i) const {
-  const std::uint64_t n = upstream_->size(epoch);
+  const std::uint64_t n = upstream_->positions(epoch);
   if (uneven_ == ShardUneven::kAllow && mode_ == ShardMode::kContiguous) {
     auto begin = static_cast<std::uint64_t>(static_cast<Uint128>(n) * rank_ / world_);
     return upstream_->at(epoch, begin + i);
@@ -201,17 +216,30 @@ Ref ShardNode::at(std::uint64_t epoch, std::uint64_t i) const {
 }
 
 std::size_t ShardNode::pull(std::span<Ref> out) {
-  std::uint64_t n = size(state_.epoch);
-  std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(out.size(), n - state_.cursor));
-  for (std::size_t j = 0; j < k; ++j) out[j] = at(state_.epoch, state_.cursor + j);
-  state_.cursor += k;
+  const std::uint64_t n = positions(state_.epoch);
+  const bool gaps = upstream_->positions(state_.epoch) != upstream_->size(state_.epoch);
+  std::size_t k = 0;
+  while (k < out.size() && state_.cursor < n) {
+    const auto want =
+        static_cast<std::size_t>(std::min<std::uint64_t>(out.size() - k, n - state_.cursor));
+    for (std::size_t j = 0; j < want; ++j) out[k + j] = at(state_.epoch, state_.cursor + j);
+    state_.cursor += want;
+    if (!gaps) {
+      k += want;
+      break;
+    }
+    // Gone positions are passed over; the cursor counts them.
+    const std::size_t end = k + want;
+    for (std::size_t j = k; j < end; ++j)
+      if (!out[j].is_gone()) out[k++] = out[j];
+  }
   return k;
 }
 
 void ShardNode::validate(const CursorState& s) const {
-  if (s.cursor > size(s.epoch))
+  if (s.cursor > positions(s.epoch))
     throw CheckpointError(name(), "shard cursor " + std::to_string(s.cursor) +
-                                      " is past this rank's " + std::to_string(size(s.epoch)) +
+                                      " is past this rank's " + std::to_string(positions(s.epoch)) +
                                       " records");
 }
 

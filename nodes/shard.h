@@ -117,10 +117,12 @@ class ShardNode final : public StatefulSpineNode<CursorState> {
   ShardNode(std::string name, ShardOptions options);
   void connect(SpineNode* upstream) override;
 
+  /// This rank's records; kUnknownSize in an epoch with gone positions (see positions()).
   std::uint64_t size(std::uint64_t epoch) const override;
+  std::uint64_t positions(std::uint64_t epoch) const override;
   bool indexed() const override { return true; }
   Ref at(std::uint64_t epoch, std::uint64_t i) const override;
-  void start_epoch(std::uint64_t epoch) override { state_ = {epoch, 0}; }
+  void start_epoch(std::uint64_t epoch) override;
   std::size_t pull(std::span<Ref> out) override;
 
  protected:

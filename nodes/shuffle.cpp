@@ -107,10 +107,20 @@ void GlobalShuffleNode::connect(SpineNode* upstream) {
 
 const FeistelPermutation& GlobalShuffleNode::permutation(std::uint64_t epoch) const {
   if (!perm_ || perm_epoch_ != epoch) {
-    perm_ = std::make_unique<FeistelPermutation>(upstream_->size(epoch), hash_combine(key_, epoch));
+    // Over the upstream's positions: in an epoch that continues over files removed, the
+    // removed files' positions keep their place in the permutation and are skipped (gone).
+    const std::uint64_t n = upstream_->positions(epoch);
+    perm_ = std::make_unique<FeistelPermutation>(n, hash_combine(key_, epoch));
     perm_epoch_ = epoch;
+    gaps_ = n != upstream_->size(epoch);
   }
   return *perm_;
+}
+
+std::uint64_t GlobalShuffleNode::size(std::uint64_t epoch) const {
+  const std::uint64_t n = upstream_->positions(epoch);
+  // Gone positions are skipped: how many lie ahead is not counted.
+  return n == upstream_->size(epoch) ? n : kUnknownSize;
 }
 
 Ref GlobalShuffleNode::at(std::uint64_t epoch, std::uint64_t i) const {
@@ -118,23 +128,40 @@ Ref GlobalShuffleNode::at(std::uint64_t epoch, std::uint64_t i) const {
 }
 
 void GlobalShuffleNode::start_epoch(std::uint64_t epoch) {
+  // The upstream's epoch too (it is not pulled): a file source's state then names the epoch
+  // its files were read in, which a change of its files needs (file_change.cpp).
+  upstream_->start_epoch(epoch);
   state_ = {epoch, 0};
   permutation(epoch);
 }
 
 std::size_t GlobalShuffleNode::pull(std::span<Ref> out) {
   const auto& perm = permutation(state_.epoch);
-  std::uint64_t n = perm.size();
-  std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(out.size(), n - state_.cursor));
-  for (std::size_t j = 0; j < k; ++j) out[j] = upstream_->at(state_.epoch, perm(state_.cursor + j));
-  state_.cursor += k;
+  const std::uint64_t n = perm.size();
+  std::size_t k = 0;
+  while (k < out.size() && state_.cursor < n) {
+    const auto want =
+        static_cast<std::size_t>(std::min<std::uint64_t>(out.size() - k, n - state_.cursor));
+    for (std::size_t j = 0; j < want; ++j)
+      out[k + j] = upstream_->at(state_.epoch, perm(state_.cursor + j));
+    state_.cursor += want;
+    if (!gaps_) {
+      k += want;
+      break;
+    }
+    // Gone positions (a removed file's records) are passed over; the cursor counts them.
+    const std::size_t end = k + want;
+    for (std::size_t j = k; j < end; ++j)
+      if (!out[j].is_gone()) out[k++] = out[j];
+  }
   return k;
 }
 
 void GlobalShuffleNode::validate(const GlobalShuffleState& s) const {
-  if (s.cursor > upstream_->size(s.epoch))
+  const std::uint64_t n = upstream_->positions(s.epoch);
+  if (s.cursor > n)
     throw CheckpointError(name(), "shuffle cursor " + std::to_string(s.cursor) + " is past the " +
-                                      std::to_string(upstream_->size(s.epoch)) + " inputs");
+                                      std::to_string(n) + " inputs");
 }
 
 void GlobalShuffleNode::on_restored() { permutation(state_.epoch); }
@@ -257,8 +284,15 @@ void BufferShuffleNode::connect(SpineNode* upstream) {
   upstream_ = upstream;
 }
 
+std::uint64_t BufferShuffleNode::size(std::uint64_t epoch) const {
+  const std::uint64_t n = upstream_->positions(epoch);
+  return n == upstream_->size(epoch) ? n : kUnknownSize;  // gone positions are skipped
+}
+
 void BufferShuffleNode::reset_buffer(std::uint64_t epoch) {
-  n_ = upstream_->size(epoch);
+  // Over the upstream's positions (some gone in an epoch that continues over files removed:
+  // drawn like any other, and passed over).
+  n_ = upstream_->positions(epoch);
   epoch_key_ = hash_combine(key_, epoch);
   consumed_ = std::min(capacity_, n_);
   // The epoch's first buffer is [0, consumed_): filled by the first pull (fill_buffer), so a
@@ -275,6 +309,7 @@ void BufferShuffleNode::fill_buffer() {
 }
 
 void BufferShuffleNode::start_epoch(std::uint64_t epoch) {
+  upstream_->start_epoch(epoch);  // as GlobalShuffleNode::start_epoch
   state_ = {epoch, 0, nullptr};
   reset_buffer(epoch);
 }
@@ -294,8 +329,9 @@ std::uint64_t BufferShuffleNode::draw(std::uint64_t k) {
 std::size_t BufferShuffleNode::pull(std::span<Ref> out) {
   fill_buffer();
   std::size_t k = 0;
-  for (; k < out.size() && !slots_.empty(); ++k) {
+  while (k < out.size() && !slots_.empty()) {
     out[k] = upstream_->at(state_.epoch, draw(state_.draws));
+    if (!out[k].is_gone()) ++k;  // a gone position is drawn, and passed over
     ++state_.draws;
     // A key-frame every `capacity_` draws bounds a restore's replay to fewer draws.
     if (state_.draws % capacity_ == 0 && !slots_.empty()) {
@@ -313,7 +349,7 @@ std::size_t BufferShuffleNode::pull(std::span<Ref> out) {
 }
 
 void BufferShuffleNode::validate(const BufferShuffleState& s) const {
-  std::uint64_t n = upstream_->size(s.epoch);
+  std::uint64_t n = upstream_->positions(s.epoch);
   if (s.draws > n)
     throw CheckpointError(name(), "shuffle draws " + std::to_string(s.draws) + " exceed the " +
                                       std::to_string(n) + " inputs");

@@ -87,7 +87,11 @@ class GlobalShuffleNode final : public StatefulSpineNode<GlobalShuffleState> {
   /// the option seed.
   GlobalShuffleNode(std::string name, std::uint64_t key);
   void connect(SpineNode* upstream) override;
-  std::uint64_t size(std::uint64_t epoch) const override { return upstream_->size(epoch); }
+  /// The upstream's size; kUnknownSize in an epoch with gone positions (see positions()).
+  std::uint64_t size(std::uint64_t epoch) const override;
+  std::uint64_t positions(std::uint64_t epoch) const override {
+    return upstream_->positions(epoch);
+  }
   bool indexed() const override { return true; }
   Ref at(std::uint64_t epoch, std::uint64_t i) const override;
   void start_epoch(std::uint64_t epoch) override;
@@ -102,6 +106,7 @@ class GlobalShuffleNode final : public StatefulSpineNode<GlobalShuffleState> {
   std::uint64_t key_;
   mutable std::unique_ptr<FeistelPermutation> perm_;  ///< cached for perm_epoch_
   mutable std::uint64_t perm_epoch_ = 0;
+  mutable bool gaps_ = false;  ///< perm_epoch_ has gone positions (SpineNode::positions)
 };
 
 /// A key-frame of the buffer shuffle: the buffer after `draws` draws, as input positions.
@@ -139,7 +144,8 @@ class BufferShuffleNode final : public StatefulSpineNode<BufferShuffleState> {
   /// `buffer_size` >= 1 (ShuffleOptions' table checks it).
   BufferShuffleNode(std::string name, std::uint64_t key, std::uint64_t buffer_size);
   void connect(SpineNode* upstream) override;
-  std::uint64_t size(std::uint64_t epoch) const override { return upstream_->size(epoch); }
+  /// The upstream's size; kUnknownSize in an epoch with gone positions (see positions()).
+  std::uint64_t size(std::uint64_t epoch) const override;
   void start_epoch(std::uint64_t epoch) override;
   std::size_t pull(std::span<Ref> out) override;
 

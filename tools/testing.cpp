@@ -146,4 +146,47 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
   return check_save_restore(make, options, options);
 }
 
+OracleReport check_save_restore_from(const std::function<Pipeline()>& make, LoaderOptions options,
+                                     const std::string& state) {
+  OracleReport report;
+  std::vector<BatchTrace> full;
+  {
+    Loader l(make(), options);
+    l.load_state(state);
+    full = drain(l);
+  }
+  report.batches = full.size();
+  if (full.empty()) {
+    report.failures.push_back("the oracle needs a pipeline that produces batches");
+    return report;
+  }
+  for (std::size_t k = 0; k <= full.size(); ++k) {
+    report.breakpoints.push_back(k);
+    const std::string where = "breakpoint after " + std::to_string(k) + " batches: ";
+    const char* doing = "consuming";
+    try {
+      std::string saved;
+      std::vector<BatchTrace> got;
+      {
+        Loader l(make(), options);
+        l.load_state(state);
+        got = drain(l, k);
+        doing = "saving";
+        saved = l.state();
+      }
+      doing = "restoring";
+      Loader resumed(make(), options);
+      resumed.load_state(saved);
+      doing = "draining the restored run";
+      auto rest = drain(resumed);
+      got.insert(got.end(), rest.begin(), rest.end());
+      if (std::string d = first_difference(got, full); !d.empty())
+        report.failures.push_back(where + d);
+    } catch (const std::exception& e) {
+      report.failures.push_back(where + doing + " threw: " + e.what());
+    }
+  }
+  return report;
+}
+
 }  // namespace flowstate::testing

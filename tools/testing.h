@@ -75,4 +75,12 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
 OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
                                 LoaderOptions restore_options, std::vector<MixWeightsAt> weights);
 
+/// The same from `state` (a checkpoint; a run resumed over changed data, say, with
+/// `options.on_data_change`): the uninterrupted run and every run up to a breakpoint load it
+/// first, and there is a breakpoint after every batch (a run of a few dozen batches: each
+/// breakpoint drains the rest). What checks that a run which continued over a change of its
+/// data still resumes exactly at every step.
+OracleReport check_save_restore_from(const std::function<Pipeline()>& make, LoaderOptions options,
+                                     const std::string& state);
+
 }  // namespace flowstate::testing

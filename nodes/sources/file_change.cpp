@@ -2,9 +2,10 @@
 // (issue 25, docs/DECISIONS.md "Changing the data mid-run"): with the opt-in
 // (DataChange::files), the epoch in progress finishes over the files it started with — less
 // the unread records of files removed — and the next epoch reads the files opened now. Records
-// are numbered as the files opened number them; the epoch's own positions (what a shuffle, a
-// shard or a filter address) are kept, so the nodes after the source continue exactly, within
-// the rules below.
+// are numbered as the files opened number them; the epoch's own positions (what a shuffle or
+// a shard address) are kept — a removed file's answer Ref::gone(), which they pass over — and
+// pack renumbers the Refs it holds (DataChange::renumber), so the nodes after the source
+// continue exactly, within the rules below.
 #include <algorithm>
 #include <map>
 
@@ -24,21 +25,6 @@ bool is_added_or_removed(const std::string& diff) {
 std::string plural(std::uint64_t n, const std::string& unit) {
   return std::to_string(n) + " " +
          (n == 1 && unit.ends_with('s') ? unit.substr(0, unit.size() - 1) : unit);
-}
-
-/// What a hold after the source keeps that a removal mid-epoch cannot continue through.
-const char* why_not(UpstreamHold hold) {
-  switch (hold) {
-    case UpstreamHold::kPositions:
-      return "cuts its ranges from the epoch's size";
-    case UpstreamHold::kRefs:
-      return "holds Refs of records already read";
-    case UpstreamHold::kReplay:
-      return "replays or permutes its upstream's positions from its state";
-    case UpstreamHold::kNothing:
-      break;
-  }
-  return "holds its upstream's positions";
 }
 
 }  // namespace
@@ -103,8 +89,12 @@ FileSourceState FileSource::continue_over_files(FileSourceState s,
                               ", which already continues over a change of its files at position " +
                               std::to_string(s.changed_at) +
                               "; resume with the files of the checkpoint until the epoch ends");
-  bool moved = false;  // a kept file of the epoch numbered otherwise now
-  {
+  // What the nodes after this one hold, and whether they continue through the change.
+  auto after = change->holds_after.find(name());
+  const bool known = after != change->holds_after.end();
+  if (!known) {
+    // A mix's input: what the mix holds of its Refs is not carried over.
+    bool moved = false;  // a kept file of the epoch numbered otherwise now
     std::uint64_t first_was = 0;
     for (const auto& f : epoch.files) {
       auto it = number_now.find(f.name);
@@ -115,30 +105,21 @@ FileSourceState FileSource::continue_over_files(FileSourceState s,
       }
       first_was += f.items;
     }
+    const std::string why = name() + ": the nodes after it are not known (a mix's input): ";
+    if (removes)
+      throw CheckpointError(name(), why +
+                                        "files removed mid-epoch cannot continue exactly through "
+                                        "it (" +
+                                        removed.front() + " removed)");
+    if (moved)
+      throw CheckpointError(name(), why +
+                                        "the files kept are numbered otherwise now (files added "
+                                        "before them in sorted order); only files added after "
+                                        "the last one continue through it");
   }
-  // What the nodes after this one hold, and whether they continue through the change.
-  auto after = change->holds_after.find(name());
-  const bool known = after != change->holds_after.end();
-  auto refuse = [&](const std::string& node, const std::string& why, const std::string& what) {
-    throw CheckpointError(name(), name() + ": " + (node.empty() ? "" : "'" + node + "' after it ") +
-                                      why + ": " + what);
-  };
-  if (removes) {
-    const std::string what = "files removed mid-epoch cannot continue exactly through it (" +
-                             removed.front() + " removed)";
-    if (!known) refuse("", "the nodes after it are not known (a mix's input)", what);
-    if (!after->second.empty())
-      refuse(after->second.front().second, why_not(after->second.front().first), what);
-  }
-  if (moved) {
-    const std::string what =
-        "the files kept are numbered otherwise now (files added or removed before them in "
-        "sorted order); only files added after the last one continue through it";
-    if (!known) refuse("", "the nodes after it are not known (a mix's input)", what);
-    for (const auto& [hold, node] : after->second)
-      if (hold == UpstreamHold::kRefs) refuse(node, why_not(hold), what);
-  }
-
+  // Otherwise a removal continues: a shuffle or shard addresses the epoch's positions, which
+  // keep their numbering (a removed file's are gone, and passed over), and pack carries its
+  // Refs over (DataChange::renumber). A buffer shuffle replays positions, never records.
   // Carry the state over, noting what changed.
   if (!s.epoch_files) {
     s.epoch_files = s.identity;
@@ -160,8 +141,11 @@ FileSourceState FileSource::continue_over_files(FileSourceState s,
                               std::to_string(epoch.files.size()) +
                               " files it started with, epoch " + std::to_string(s.epoch + 1) +
                               " reads " + std::to_string(now.files.size()));
+  // Whether the source is read in order (its cursor moves) or addressed by position by a
+  // shuffle or shard after it (which skip the removed files' positions they have not passed).
+  const bool by_position =
+      known && !after->second.empty() && after->second.front().first != UpstreamHold::kRefs;
   for (const auto& gone : removed) {
-    // Its records at or after the cursor (positions before it are the epoch's own) are skipped.
     std::uint64_t first = 0, items = 0;
     for (const auto& f : epoch.files) {
       if (f.name == gone) {
@@ -170,6 +154,16 @@ FileSourceState FileSource::continue_over_files(FileSourceState s,
       }
       first += f.items;
     }
+    if (by_position) {
+      // The epoch keeps its positions; the node after the source passes over a gone one.
+      change->notes.push_back(prefix + gone + " removed: its " + plural(items, unit_) +
+                              " are skipped where '" + after->second.front().second +
+                              "' has not yet delivered them in epoch " + std::to_string(s.epoch) +
+                              " (the epoch keeps its " + std::to_string(epoch_size) +
+                              " positions; the removed file's are gone)");
+      continue;
+    }
+    // Its records at or after the cursor (positions before it are the epoch's own) are skipped.
     const std::uint64_t end = first + items;
     const std::uint64_t unread =
         end <= s.cursor ? 0 : end - std::max(first, std::min(s.cursor, end));
@@ -177,6 +171,33 @@ FileSourceState FileSource::continue_over_files(FileSourceState s,
         prefix + gone + " removed: " + plural(unread, unit_) + " of its " + std::to_string(items) +
         " not yet read in epoch " + std::to_string(s.epoch) + " are skipped (the epoch has " +
         std::to_string(view->size) + " of " + std::to_string(epoch_size) + " left to its end)");
+  }
+
+  // The Refs the checkpoint named (numbered as the files it was saved with number them), as
+  // the files opened now number them: what a pack after the source holds (DataChange::renumber).
+  {
+    std::vector<std::uint64_t> first_was{0};
+    std::vector<std::uint32_t> to_now;
+    for (const auto& f : was.files) {
+      first_was.push_back(first_was.back() + f.items);
+      auto it = number_now.find(f.name);
+      to_now.push_back(it == number_now.end() ? FileEpochView::kGone
+                                              : static_cast<std::uint32_t>(it->second));
+    }
+    std::vector<std::uint64_t> first_now{0};
+    for (const auto& f : now.files) first_now.push_back(first_now.back() + f.items);
+    change->renumber[source_id_] = [first_was = std::move(first_was), to_now = std::move(to_now),
+                                    first_now = std::move(first_now),
+                                    id = source_id_](const Ref& ref) {
+      const Ref r = ref.record();
+      if (r.shard >= to_now.size() || r.index < first_was[r.shard] ||
+          r.index >= first_was[r.shard + 1])
+        return ref;  // not one of this source's as the checkpoint numbered them: left as is
+      const std::uint32_t n = to_now[r.shard];
+      if (n == FileEpochView::kGone) return Ref::gone(id);
+      const Ref moved{r.source, n, first_now[n] + (r.index - first_was[r.shard])};
+      return ref.is_pad() ? moved.as_pad() : moved;
+    };
   }
   return next;
 }
@@ -221,14 +242,18 @@ Ref FileSource::view_at(std::uint64_t i) const {
   const std::uint64_t record = i < v.size && span != v.spans.begin()
                                    ? std::prev(span)->from + (i - std::prev(span)->at)
                                    : v.first.back();
-  const auto k = static_cast<std::size_t>(std::upper_bound(v.first.begin(), v.first.end(), record) -
+  return position_at(record);
+}
+
+Ref FileSource::position_at(std::uint64_t i) const {
+  const FileEpochView& v = *view_;
+  const auto k = static_cast<std::size_t>(std::upper_bound(v.first.begin(), v.first.end(), i) -
                                           v.first.begin() - 1);
-  if (k >= v.now.size() || v.now[k] == FileEpochView::kGone)
-    // A position read before the files changed, of a file removed since: no node that could
-    // ask for it again continues over a removal (continue_over_files).
-    return Ref{source_id_, static_cast<std::uint32_t>(files_.size()), record};
+  // A removed file's record: gone (a position the nodes after the source skip). The cursor's
+  // own order (view_at) reaches one only before the change, where it is never asked again.
+  if (k >= v.now.size() || v.now[k] == FileEpochView::kGone) return Ref::gone(source_id_);
   const std::uint32_t n = v.now[k];
-  return Ref{source_id_, n, first_[n] + (record - v.first[k])};
+  return Ref{source_id_, n, first_[n] + (i - v.first[k])};
 }
 
 }  // namespace flowstate

@@ -258,7 +258,7 @@ void FileSource::add_remote_file(const std::string& url, std::uint64_t bytes,
 
 Ref FileSource::at(std::uint64_t epoch, std::uint64_t i) const {
   if (view_ && epoch == view_->epoch) [[unlikely]]
-    return view_at(i);
+    return position_at(i);
   // The file holding i: the last k with first_[k] <= i.
   auto it = std::upper_bound(first_.begin(), first_.end(), i);
   auto k = static_cast<std::uint32_t>(it - first_.begin() - 1);
@@ -280,7 +280,12 @@ void FileSource::start_epoch(std::uint64_t epoch) {
 std::size_t FileSource::pull(std::span<Ref> out) {
   std::size_t n = static_cast<std::size_t>(
       std::min<std::uint64_t>(out.size(), size(state_.epoch) - state_.cursor));
-  for (std::size_t j = 0; j < n; ++j) out[j] = at(state_.epoch, state_.cursor + j);
+  if (view_ && state_.epoch == view_->epoch) [[unlikely]] {
+    // In order over the epoch's records before the change, then the kept files' (view_at).
+    for (std::size_t j = 0; j < n; ++j) out[j] = view_at(state_.cursor + j);
+  } else {
+    for (std::size_t j = 0; j < n; ++j) out[j] = at(state_.epoch, state_.cursor + j);
+  }
   state_.cursor += n;
   return n;
 }

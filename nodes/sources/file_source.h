@@ -278,8 +278,16 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// `source_id` goes into its Refs.
   FileSource(std::string name, std::string kind, std::string unit, std::uint32_t source_id);
 
+  /// What pull() delivers in `epoch`: in an epoch that continues over files removed, the
+  /// records before the change and the kept files' records after it.
   std::uint64_t size(std::uint64_t epoch) const final {
     return view_ && epoch == view_->epoch ? view_->size : total_;
+  }
+  /// In an epoch that continues over a change of its files, all the records of the files it
+  /// started with, numbered as they were (a removed file's are gone: at() answers
+  /// Ref::gone()); else size().
+  std::uint64_t positions(std::uint64_t epoch) const final {
+    return view_ && epoch == view_->epoch ? view_->first.back() : total_;
   }
   bool indexed() const final { return true; }
   Ref at(std::uint64_t epoch, std::uint64_t i) const final;
@@ -341,8 +349,12 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
                                       const std::vector<std::string>& diffs) const;
   /// The view of `s`'s epoch over `s.epoch_files` (file_change.cpp).
   std::shared_ptr<const FileEpochView> epoch_view(const FileSourceState& s) const;
-  /// Position `i` of the view's epoch: the record of the epoch's files, numbered as now.
+  /// The `i`-th record the cursor delivers in the view's epoch (the epoch's records before
+  /// the change, then the kept files' records), numbered as now.
   Ref view_at(std::uint64_t i) const;
+  /// Position `i` of the view's epoch (record i of the files it started with), numbered as
+  /// now; Ref::gone() for a removed file's record.
+  Ref position_at(std::uint64_t i) const;
 
   std::uint32_t source_id_;
   std::vector<std::string> files_;

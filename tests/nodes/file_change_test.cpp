@@ -14,6 +14,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/tools/testing.h"
 #include "tests/serialization/checkpoint_testing.h"
 #include "tests/support/testing.h"
 
@@ -34,6 +35,10 @@ struct Delivered {
 /// Five files of 50 records each (ids 50k..50k+49 in part-0000k.bin) made once in `pool/`;
 /// each test copies some into `data/`, whose glob its pipelines read.
 class FileChangeTest : public ::testing::Test {
+ public:
+  /// The source, then the nodes that address it by position or hold its Refs.
+  enum class Layout { kGlobal, kBuffer, kShard0, kShard1, kPack };
+
  protected:
   void SetUp() override {
     testing::write_records(dir_ / "pool", 250, 16, 5);
@@ -53,12 +58,73 @@ class FileChangeTest : public ::testing::Test {
     if (shuffle) b.shuffle({.mode = ShuffleMode::kGlobal});
     return b.batch({.size = batch}).build();
   }
+  Pipeline make(Layout layout) const {
+    Pipeline::Builder b;
+    b.seed(5).records({.paths = {dir_ / "data/part-*.bin"}, .record_bytes = 16});
+    switch (layout) {
+      case Layout::kGlobal:
+        b.shuffle({.mode = ShuffleMode::kGlobal});
+        break;
+      case Layout::kBuffer:
+        b.shuffle({.mode = ShuffleMode::kBuffer, .size = 32});
+        break;
+      case Layout::kShard0:
+      case Layout::kShard1:
+        b.shard({.rank = layout == Layout::kShard0 ? 0u : 1u, .world = 2})
+            .shuffle({.mode = ShuffleMode::kGlobal});
+        break;
+      case Layout::kPack:
+        b.map(to_tokens, {.name = "tokens"}).pack({.length = 16, .field = "tokens"});
+        break;
+    }
+    return b.batch({.size = 4}).build();
+  }
+  /// Document i (record i) as tokens: (i * 7) % 13 of them (some empty), token j = i * 100 + j.
+  static void to_tokens(Sample& s, MapContext&) {
+    const std::uint64_t i = record_index(static_cast<const std::byte*>(s.at("data").data()));
+    const auto n = static_cast<std::int32_t>((i * 7) % 13);
+    Tensor t(DType::kInt32, Shape{n});
+    auto v = t.values<std::int32_t>();
+    for (std::int32_t j = 0; j < n; ++j) v[j] = static_cast<std::int32_t>(i * 100 + j);
+    s.erase("data");
+    s.set("tokens", t);
+  }
+  /// The records (or, packed, the tokens) of the batches from now on in `epoch`.
+  static std::vector<std::uint64_t> items_rest(Loader& l, std::uint64_t epoch, bool packed) {
+    std::vector<std::uint64_t> out;
+    while (auto b = l.next()) {
+      EXPECT_EQ(b->info.epoch, epoch);
+      if (packed) {
+        for (auto x : (*b)["tokens"].values<std::int32_t>())
+          out.push_back(static_cast<std::uint64_t>(x));
+      } else {
+        Delivered d;
+        append(d, *b);
+        out.insert(out.end(), d.ids.begin(), d.ids.end());
+      }
+      if (b->info.is_last_in_epoch) break;
+    }
+    return out;
+  }
+  /// Epoch `epoch` of a fresh pipeline `layout` over the files in data/ now.
+  std::vector<std::uint64_t> fresh(Layout layout, std::uint64_t epoch) const {
+    Loader l(make(layout), {.epochs = epoch + 1});
+    std::vector<std::uint64_t> out;
+    for (std::uint64_t e = 0; e <= epoch; ++e) {
+      auto items = items_rest(l, e, layout == Layout::kPack);
+      if (e == epoch) out = std::move(items);
+    }
+    return out;
+  }
   static void append(Delivered& d, const Batch& b) {
     const Tensor& t = b["data"];
     for (std::int64_t i = 0; i < t.shape()[0]; ++i) {
       d.ids.push_back(record_index(static_cast<const std::byte*>(t.data()) + i * 16));
       d.epochs.push_back(b.info.epoch);
     }
+  }
+  static void take_rows(Loader& l, std::size_t batches) {
+    for (std::size_t k = 0; k < batches; ++k) ASSERT_TRUE(l.next());
   }
   static Delivered take(Loader& l, std::size_t batches) {
     Delivered d;
@@ -223,19 +289,201 @@ TEST_F(FileChangeTest, FilesRemovedHaveTheirUnreadRecordsOfTheEpochSkipped) {
       << s.data_changes[0].what;
 }
 
-TEST_F(FileChangeTest, ARemovalMidEpochIsRefusedThroughAShuffleNamingIt) {
-  for (int k : {0, 1, 2}) add(k);
-  Loader a(make(true));
-  take(a, 5);
+/// A file removed mid-epoch under nodes that address the source by position (a global or
+/// buffer shuffle, a shard of two ranks before a shuffle): the rest of the epoch is the
+/// uninterrupted run's less the removed file's records, in order; every kept record once; the
+/// next epoch a fresh pipeline's over the kept files; the history lists the removal.
+class FileRemovedTest : public FileChangeTest,
+                        public ::testing::WithParamInterface<FileChangeTest::Layout> {};
+
+TEST_P(FileRemovedTest, TheRestOfTheEpochIsTheUninterruptedRunLessTheRemovedFile) {
+  const Layout layout = GetParam();
+  for (int k : {0, 1, 2, 3}) add(k);
+  Loader a(make(layout), {.epochs = 2});
+  const Delivered before = take(a, 7);  // 28 records, of every file (shuffled)
+  const std::string state = a.state();
+  const std::vector<std::uint64_t> old_rest = epoch_rest(a, 0);
+
   remove(2);
-  Loader b(make(true), {.on_data_change = OnDataChange::kContinue});
-  const std::string what = checkpoint_error([&] { b.load_state(a.state()); });
-  EXPECT_NE(what.find("'shuffle' after it replays or permutes its upstream's positions from its "
-                      "state: files removed mid-epoch cannot continue exactly through it "
-                      "(" +
-                      (dir_ / "data/part-00002.bin") + " removed)"),
+  Loader b(make(layout), {.epochs = 2, .on_data_change = OnDataChange::kContinue});
+  b.load_state(state);
+  const std::vector<std::uint64_t> rest = epoch_rest(b, 0);
+  std::vector<std::uint64_t> expected;
+  for (auto id : old_rest)
+    if (file_of(id) != 2) expected.push_back(id);
+  EXPECT_EQ(rest, expected);
+  EXPECT_LT(expected.size(), old_rest.size());  // the removed file had records left to skip
+
+  std::vector<std::uint64_t> epoch0 = before.ids;
+  epoch0.insert(epoch0.end(), rest.begin(), rest.end());
+  const bool sharded = layout == Layout::kShard0 || layout == Layout::kShard1;
+  if (!sharded) {
+    expect_exactly_once(epoch0, {0, 1, 3});
+    std::size_t of_removed = 0;  // file 2's records delivered before the removal
+    for (auto id : before.ids) of_removed += file_of(id) == 2 ? 1 : 0;
+    EXPECT_EQ(epoch0.size(), 150u + of_removed);
+  }
+
+  const std::vector<std::uint64_t> epoch1 = epoch_rest(b, 1);
+  EXPECT_EQ(epoch1, fresh(layout, 1));
+  if (!sharded) expect_exactly_once(epoch1, {0, 1, 3});
+
+  const PipelineState s = b.state_struct();
+  ASSERT_EQ(s.data_changes.size(), 1u);
+  EXPECT_EQ(s.data_changes[0].step, 7u);
+  EXPECT_NE(s.data_changes[0].what.find("/data/part-00002.bin removed: its 50 records are "
+                                        "skipped where 'shuffle' has not yet delivered them in "
+                                        "epoch 0"),
             std::string::npos)
-      << what;
+      << s.data_changes[0].what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, FileRemovedTest,
+                         ::testing::Values(FileChangeTest::Layout::kGlobal,
+                                           FileChangeTest::Layout::kBuffer),
+                         [](const auto& info) {
+                           return info.param == FileChangeTest::Layout::kGlobal ? "GlobalShuffle"
+                                                                                : "BufferShuffle";
+                         });
+
+TEST_F(FileChangeTest, AFileRemovedUnderAShardOfTwoRanksKeepsTheRanksDisjoint) {
+  for (int k : {0, 1, 2, 3}) add(k);
+  std::vector<std::string> states;
+  std::vector<Delivered> before(2);
+  std::vector<std::vector<std::uint64_t>> old_rest(2);
+  std::vector<std::unique_ptr<Loader>> runs;
+  for (int r = 0; r < 2; ++r) {
+    const Layout layout = r == 0 ? Layout::kShard0 : Layout::kShard1;
+    runs.push_back(std::make_unique<Loader>(make(layout), LoaderOptions{.epochs = 2}));
+    before[r] = take(*runs[r], 5);
+    states.push_back(runs[r]->state());
+    old_rest[r] = epoch_rest(*runs[r], 0);
+  }
+  remove(2);
+  std::vector<std::uint64_t> epoch0, epoch1;
+  for (int r = 0; r < 2; ++r) {
+    const Layout layout = r == 0 ? Layout::kShard0 : Layout::kShard1;
+    Loader b(make(layout), {.epochs = 2, .on_data_change = OnDataChange::kContinue});
+    b.load_state(states[r]);
+    const std::vector<std::uint64_t> rest = epoch_rest(b, 0);
+    std::vector<std::uint64_t> expected;
+    for (auto id : old_rest[r])
+      if (file_of(id) != 2) expected.push_back(id);
+    EXPECT_EQ(rest, expected) << "rank " << r;
+    epoch0.insert(epoch0.end(), before[r].ids.begin(), before[r].ids.end());
+    epoch0.insert(epoch0.end(), rest.begin(), rest.end());
+    const std::vector<std::uint64_t> next = epoch_rest(b, 1);
+    EXPECT_EQ(next, fresh(layout, 1)) << "rank " << r;
+    epoch1.insert(epoch1.end(), next.begin(), next.end());
+    const PipelineState s = b.state_struct();
+    ASSERT_EQ(s.data_changes.size(), 1u);
+    EXPECT_NE(s.data_changes[0].what.find("/data/part-00002.bin removed: its 50 records are "
+                                          "skipped where 'shard' has not yet delivered them"),
+              std::string::npos)
+        << s.data_changes[0].what;
+  }
+  // The two ranks together: every kept record once (200 records divide by 2: no padding).
+  expect_exactly_once(epoch0, {0, 1, 3});
+  expect_exactly_once(epoch1, {0, 1, 3});
+  EXPECT_EQ(epoch1.size(), 150u);
+}
+
+TEST_F(FileChangeTest, AFileRemovedUnderPackSkipsItsDocumentsNotYetPacked) {
+  for (int k : {0, 1, 2, 3}) add(k);
+  // The epoch's token stream: documents 0..199 in order (to_tokens).
+  auto stream = [](const std::set<int>& files) {
+    std::vector<std::uint64_t> s;
+    for (std::uint64_t i = 0; i < 200; ++i) {
+      if (!files.contains(file_of(i))) continue;
+      for (std::uint64_t j = 0; j < (i * 7) % 13; ++j) s.push_back(i * 100 + j);
+    }
+    return s;
+  };
+  Loader a(make(Layout::kPack), {.epochs = 2});
+  std::vector<std::uint64_t> before;
+  for (int k = 0; k < 11; ++k) {  // 704 tokens: 5 short of document 118's end (file 2)
+    auto b = a.next();
+    ASSERT_TRUE(b);
+    for (auto x : (*b)["tokens"].values<std::int32_t>()) before.push_back(std::uint64_t(x));
+  }
+  const std::string state = a.state();
+  const std::vector<std::uint64_t> old_rest = items_rest(a, 0, true);
+  const std::uint64_t carry_doc = before.back() / 100;
+  ASSERT_EQ(file_of(carry_doc), 2);  // pack is inside a document of the file removed
+
+  remove(2);
+  Loader b(make(Layout::kPack), {.epochs = 2, .on_data_change = OnDataChange::kContinue});
+  b.load_state(state);
+  const std::vector<std::uint64_t> rest = items_rest(b, 0, true);
+  // The uninterrupted rest less the removed file's tokens, cut into whole rows.
+  std::vector<std::uint64_t> expected;
+  for (auto x : old_rest)
+    if (file_of(x / 100) != 2) expected.push_back(x);
+  const std::vector<std::uint64_t> all = stream({0, 1, 2, 3});
+  for (std::size_t i = before.size() + old_rest.size(); i < all.size(); ++i)
+    if (file_of(all[i] / 100) != 2) expected.push_back(all[i]);  // the dropped partial row's
+  expected.resize(expected.size() / 16 * 16);
+  EXPECT_EQ(rest, expected);
+  // No token twice, none of a kept document lost (but the epoch's last partial row).
+  std::vector<std::uint64_t> epoch0 = before;
+  epoch0.insert(epoch0.end(), rest.begin(), rest.end());
+  std::set<std::uint64_t> seen(epoch0.begin(), epoch0.end());
+  EXPECT_EQ(seen.size(), epoch0.size());
+  std::size_t kept = 0;
+  for (auto x : stream({0, 1, 3})) kept += seen.contains(x) ? 1 : 0;
+  EXPECT_GT(kept + 16, stream({0, 1, 3}).size());
+
+  // The next epoch: a fresh pipeline's over the kept files.
+  EXPECT_EQ(items_rest(b, 1, true), fresh(Layout::kPack, 1));
+  const PipelineState s = b.state_struct();
+  ASSERT_EQ(s.data_changes.size(), 1u);
+  EXPECT_NE(s.data_changes[0].what.find("pack: of files removed, the rest of document 0:" +
+                                        std::to_string(carry_doc)),
+            std::string::npos)
+      << s.data_changes[0].what;
+  EXPECT_NE(s.data_changes[0].what.find("documents pulled and not started skipped in epoch 0"),
+            std::string::npos)
+      << s.data_changes[0].what;
+}
+
+/// The save/restore oracle over a run resumed with a file removed under a shuffle: a save at
+/// every step of it, up to and across the changed epoch's end, resumes to the same stream.
+TEST_F(FileChangeTest, TheOracleHoldsAtEveryStepOfARunThatContinuedOverARemoval) {
+  for (int k : {0, 1, 2}) add(k);
+  for (Layout layout : {Layout::kGlobal, Layout::kShard1, Layout::kPack}) {
+    std::string state;
+    {
+      Loader a(make(layout), {.epochs = 2});
+      take_rows(a, 6);
+      state = a.state();
+    }
+    remove(1);
+    const testing::OracleReport r = testing::check_save_restore_from(
+        [&] { return make(layout); }, {.epochs = 2, .on_data_change = OnDataChange::kContinue},
+        state);
+    EXPECT_TRUE(r.ok()) << r.summary();
+    EXPECT_GT(r.batches, 10u);
+    add(1);
+  }
+}
+
+TEST_F(FileChangeTest, ALaterResumeOfARunThatContinuedOverARemovalUnderAShuffleReplaysIt) {
+  for (int k : {0, 1, 2}) add(k);
+  Loader a(make(Layout::kGlobal), {.epochs = 2});
+  take(a, 5);
+  const std::string state = a.state();
+  remove(0);
+  Loader b(make(Layout::kGlobal), {.epochs = 2, .on_data_change = OnDataChange::kContinue});
+  b.load_state(state);
+  take(b, 4);
+  const std::string mid = b.state();  // within epoch 0, after the change
+  const Delivered tail = take(b, 40);
+  Loader c(make(Layout::kGlobal), {.epochs = 2});  // the same files: no opt-in needed
+  c.load_state(mid);
+  const Delivered again = take(c, 40);
+  EXPECT_EQ(again.ids, tail.ids);
+  EXPECT_EQ(again.epochs, tail.epochs);
+  EXPECT_EQ(c.state_struct().data_changes.size(), 1u);
 }
 
 TEST_F(FileChangeTest, AFileWhoseContentsChangedIsRefusedEvenWithTheOptIn) {

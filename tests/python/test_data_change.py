@@ -143,3 +143,44 @@ def test_a_file_added_to_the_glob_waits_for_the_next_epoch(tmp_path, data_dir):
     [(step, what)] = loader.data_changes
     assert step == 4
     assert "part-00001.bin added (1000 records): epoch 0 finishes over the 1 files" in what
+
+
+def test_a_file_removed_mid_epoch_under_a_shuffle_has_its_records_skipped(tmp_path, data_dir):
+    """A file removed from the glob of a globally shuffled source mid-epoch: refused without the
+    opt-in; with it, the rest of epoch 0 is the uninterrupted run's less the removed file's
+    records, in order, and epoch 1 a fresh pipeline's over the files kept."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(2):
+        shutil.copy(data_dir / f"part-0000{k}.bin", data / f"part-0000{k}.bin")
+    doc = {"seed": 3, "epochs": 2,
+           "source": {"type": "records", "paths": str(data / "*.bin"),
+                      "record_bytes": RECORD_BYTES},
+           "nodes": [{"shuffle": {"mode": "global"}}, {"batch": {"size": 50}}]}
+
+    def ids(batch):
+        return batch["data"].numpy()[:, :4].copy().view(np.uint32).ravel().tolist()
+
+    before = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    first = [i for _ in range(6) for i in ids(next(before))]
+    sd = before.state_dict()
+    old_rest = [i for b in before if b.info.epoch == 0 for i in ids(b)]
+
+    (data / "part-00000.bin").unlink()  # records 0..999; part-00001's are numbered from 0 now
+    refused = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    with pytest.raises(flowstate.CheckpointError, match="part-00000.bin was in the checkpoint"):
+        refused.load_state_dict(sd)
+    loader = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    loader.load_state_dict(sd, data_changed="continue")
+    batches = list(loader) + list(loader)  # the rest of epoch 0, then epoch 1
+    rest = [i for b in batches if b.info.epoch == 0 for i in ids(b)]
+    assert rest == [i for i in old_rest if i >= 1000]
+    assert sorted(i for i in first + rest if i >= 1000) == list(range(1000, 2000))
+    fresh = flowstate.Loader(flowstate.Pipeline.from_dict(doc))
+    fresh_batches = list(fresh) + list(fresh)
+    expected = [i for b in fresh_batches if b.info.epoch == 1 for i in ids(b)]
+    assert [i for b in batches if b.info.epoch == 1 for i in ids(b)] == expected
+    [(step, what)] = loader.data_changes
+    assert step == 6
+    assert ("part-00000.bin removed: its 1000 records are skipped where 'shuffle' has not yet "
+            "delivered them in epoch 0") in what
