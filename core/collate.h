@@ -21,17 +21,21 @@ class DeviceCopy;
 
 namespace detail {
 
-/// Arithmetic types that are tensor elements (character types other than char are not).
+/// Arithmetic types that are tensor elements (character types other than char are not), and
+/// the 16-bit floats Float16 and BFloat16.
 template <class T>
-concept TensorElement =
-    std::is_arithmetic_v<T> && !std::is_same_v<T, long double> && !std::is_same_v<T, wchar_t> &&
-    !std::is_same_v<T, char8_t> && !std::is_same_v<T, char16_t> && !std::is_same_v<T, char32_t>;
+concept TensorElement = (std::is_arithmetic_v<T> && !std::is_same_v<T, long double> &&
+                         !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char8_t> &&
+                         !std::is_same_v<T, char16_t> && !std::is_same_v<T, char32_t>) ||
+                        is_half_v<T>;
 
 /// The DType with T's representation: by kind, size and signedness, so `long long` and
 /// `std::int64_t` both give kInt64.
 template <TensorElement T>
 constexpr DType element_dtype() {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (is_half_v<T>) {
+    return dtype_of<T>();
+  } else if constexpr (std::is_same_v<T, bool>) {
     return DType::kBool;
   } else if constexpr (std::is_floating_point_v<T>) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "no DType for this floating-point type");
@@ -63,10 +67,10 @@ Tensor stack_elements(std::size_t count, std::size_t n, Shape shape, At at) {
 }  // namespace detail
 
 /// Customization point: how a batch's user values of type T become one value, Batch::user.
-/// The default keeps them as a std::vector<T>; arithmetic types stack into a Tensor [B] of
-/// the matching DType, std::array<U, N> of arithmetic U into a Tensor [B, N], Tensors of equal
-/// dtype and shape into [B, ...]. Specialize it for a type of your own (and ToDevice<type>
-/// when the result holds tensors that should move to the device):
+/// The default keeps them as a std::vector<T>; arithmetic types (and Float16, BFloat16) stack
+/// into a Tensor [B] of the matching DType, std::array<U, N> of arithmetic U into a Tensor [B, N],
+/// Tensors of equal dtype and shape into [B, ...]. Specialize it for a type of your own (and
+/// ToDevice<type> when the result holds tensors that should move to the device):
 ///
 ///   template <>
 ///   struct flowstate::Collate<Point> {

@@ -13,7 +13,7 @@ struct DTypeInfo {
   std::uint8_t dl_code;
 };
 
-constexpr std::array<DTypeInfo, 11> kInfo{{
+constexpr std::array<DTypeInfo, 13> kInfo{{
     {DType::kUInt8, 1, kDLUInt},
     {DType::kInt8, 1, kDLInt},
     {DType::kUInt16, 2, kDLUInt},
@@ -25,6 +25,8 @@ constexpr std::array<DTypeInfo, 11> kInfo{{
     {DType::kFloat32, 4, kDLFloat},
     {DType::kFloat64, 8, kDLFloat},
     {DType::kBool, 1, kDLUInt},
+    {DType::kFloat16, 2, kDLFloat},
+    {DType::kBFloat16, 2, kDLBfloat},
 }};
 
 // Both tables are indexed by the enum's value.
@@ -60,5 +62,12 @@ DLDataType to_dlpack(DType t) {
   d.lanes = 1;
   return d;
 }
+
+bool dtype_is_float(DType t) {
+  const std::uint8_t code = info(t).dl_code;
+  return code == kDLFloat || code == kDLBfloat;
+}
+
+bool dtype_is_integer(DType t) { return t != DType::kBool && !dtype_is_float(t); }
 
 }  // namespace flowstate

@@ -329,37 +329,25 @@ std::vector<double> channel_values(const std::vector<std::string>& list) {
   return out;
 }
 
-/// Stores one normalized value as the output's element type: the one place an output
-/// type's conversion is written.
-template <class Out>
-void store_element(Out* dst, float v) {
-  *dst = static_cast<Out>(v);
-}
+}  // namespace
 
-/// uint8 HWC pixels (`plane` = H × W of them, `c` channels) → CHW values of type Out, through
-/// `table` (256 values per channel).
-template <class Out>
-void normalize_pixels(const std::uint8_t* src, std::int64_t plane, std::int64_t c,
-                      const float* table, Out* dst) {
-  if (c == 3) {  // one pass over the pixels, three planes written
-    const float *t0 = table, *t1 = t0 + 256, *t2 = t0 + 512;
-    Out *o0 = dst, *o1 = dst + plane, *o2 = dst + 2 * plane;
-    for (std::int64_t i = 0; i < plane; ++i) {
-      store_element(o0 + i, t0[src[3 * i]]);
-      store_element(o1 + i, t1[src[3 * i + 1]]);
-      store_element(o2 + i, t2[src[3 * i + 2]]);
-    }
-    return;
-  }
-  for (std::int64_t ch = 0; ch < c; ++ch)
-    for (std::int64_t i = 0; i < plane; ++i)
-      store_element(dst + ch * plane + i, table[ch * 256 + src[i * c + ch]]);
-}
+/// The element type normalize_image writes.
+enum class ImageDType : std::uint8_t { kFloat32, kFloat16, kBFloat16 };
+template <>
+struct EnumNames<ImageDType> {
+  static constexpr std::array<std::pair<ImageDType, const char*>, 3> values{
+      {{ImageDType::kFloat32, "float32"},
+       {ImageDType::kFloat16, "float16"},
+       {ImageDType::kBFloat16, "bfloat16"}}};
+};
+
+namespace {
 
 struct NormalizeImageOptions {
   std::string field = "jpg";
   std::vector<std::string> mean{"0.485", "0.456", "0.406"};
   std::vector<std::string> std{"0.229", "0.224", "0.225"};
+  ImageDType dtype = ImageDType::kFloat32;
   static constexpr auto table() {
     using O = NormalizeImageOptions;
     return std::tuple{
@@ -368,7 +356,12 @@ struct NormalizeImageOptions {
               {.doc = "per channel, subtracted after scaling to [0, 1] (default ImageNet's)",
                .check = check_channel_values}),
         param("std", &O::std,
-              {.doc = "per channel, divides (default ImageNet's)", .check = check_channel_values})};
+              {.doc = "per channel, divides (default ImageNet's)", .check = check_channel_values}),
+        // Described only when not float32: pipelines written before it keep their fingerprints.
+        param("dtype", &O::dtype,
+              {.doc = "the output's element type; float16/bfloat16 are the float32 value rounded "
+                      "to nearest even",
+               .describe_if = [](const O& o) { return o.dtype != ImageDType::kFloat32; }})};
   }
   void validate() const {
     for (double s : channel_values(std))
@@ -376,12 +369,33 @@ struct NormalizeImageOptions {
   }
 };
 
+/// Writes the [C, H, W] planes of uint8 [H, W, C] `src` through per-channel tables of 256
+/// output elements (`table[ch * 256 + x]`), as T: float, or the bits of a Float16/BFloat16.
+template <class T>
+void normalize_planes(const std::uint8_t* src, T* dst, const T* table, std::int64_t plane,
+                      std::int64_t c) {
+  if (c == 3) {  // one pass over the pixels, three planes written
+    const T *t0 = table, *t1 = t0 + 256, *t2 = t0 + 512;
+    T *o0 = dst, *o1 = dst + plane, *o2 = dst + 2 * plane;
+    for (std::int64_t i = 0; i < plane; ++i) {
+      o0[i] = t0[src[3 * i]];
+      o1[i] = t1[src[3 * i + 1]];
+      o2[i] = t2[src[3 * i + 2]];
+    }
+  } else {
+    for (std::int64_t ch = 0; ch < c; ++ch)
+      for (std::int64_t i = 0; i < plane; ++i)
+        dst[ch * plane + i] = table[static_cast<std::size_t>(ch * 256 + src[i * c + ch])];
+  }
+}
+
 TransformSchema normalize_image_transform() {
   return define_transform<NormalizeImageOptions>(
-      "normalize_image", "uint8 [H, W, C] -> float32 [C, H, W], (x / 255 - mean) / std per channel",
+      "normalize_image",
+      "uint8 [H, W, C] -> float32 (or dtype) [C, H, W], (x / 255 - mean) / std per channel",
       [](const NormalizeImageOptions& o, const Params& p) -> SampleFn {
         return [mean = channel_values(o.mean), std = channel_values(o.std), name = o.field,
-                id = field_id(o.field), p](Sample& s, MapContext& ctx) {
+                id = field_id(o.field), dtype = o.dtype, p](Sample& s, MapContext& ctx) {
           const Tensor& in = image_of(s, id, name, p);
           const std::int64_t h = in.shape()[0], w = in.shape()[1], c = in.shape()[2];
           auto pick = [&](const std::vector<double>& v, const char* what, std::int64_t ch) {
@@ -393,8 +407,8 @@ TransformSchema normalize_image_transform() {
                                          std::to_string(c) + " channels");
             return v[static_cast<std::size_t>(ch)];
           };
-          // Written into the batch's memory when the assembler offers it (BatchSlots).
-          Tensor out = output_tensor(ctx, id, DType::kFloat32, Shape{c, h, w});
+          const auto* src = static_cast<const std::uint8_t*>(in.data());
+          const std::int64_t plane = h * w;
           // (x / 255 - m) / s through a 256-entry table per channel: one load per value.
           std::vector<float> table(static_cast<std::size_t>(256 * c));
           for (std::int64_t ch = 0; ch < c; ++ch) {
@@ -403,8 +417,24 @@ TransformSchema normalize_image_transform() {
               table[static_cast<std::size_t>(ch * 256 + v)] =
                   static_cast<float>((static_cast<double>(v) / 255.0 - m) / sd);
           }
-          normalize_pixels(static_cast<const std::uint8_t*>(in.data()), h * w, c, table.data(),
-                           static_cast<float*>(out.data()));
+          const DType out_type = dtype == ImageDType::kFloat32   ? DType::kFloat32
+                                 : dtype == ImageDType::kFloat16 ? DType::kFloat16
+                                                                 : DType::kBFloat16;
+          // Written into the batch's memory when the assembler offers it (BatchSlots).
+          Tensor out = output_tensor(ctx, id, out_type, Shape{c, h, w});
+          if (dtype == ImageDType::kFloat32) {
+            normalize_planes(src, static_cast<float*>(out.data()), table.data(), plane, c);
+          } else {
+            // 16-bit output: the table holds each float32 value rounded once to 16 bits, and
+            // the pixels are written as halves straight away (no float32 image in between).
+            std::vector<std::uint16_t> halves(table.size());
+            if (dtype == ImageDType::kFloat16) {
+              float_to_float16(table.data(), halves.data(), table.size());
+            } else {
+              for (std::size_t i = 0; i < table.size(); ++i) halves[i] = bfloat16_bits(table[i]);
+            }
+            normalize_planes(src, static_cast<std::uint16_t*>(out.data()), halves.data(), plane, c);
+          }
           s.set(id, std::move(out));
         };
       });

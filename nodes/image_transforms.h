@@ -13,7 +13,8 @@
 //                        10 attempts, then the centre crop of the clamped ratio; resized
 //                        bilinearly to `size`
 //   flip                 mirrors left-right with probability `p`
-//   normalize_image      uint8 HWC → float32 CHW, (x / 255 - mean[c]) / std[c]
+//   normalize_image      uint8 HWC → float32 CHW, (x / 255 - mean[c]) / std[c]; `dtype:
+//                        float16` (or bfloat16) writes that value rounded to 16 bits
 //
 // Bilinear resizing is PIL's and torchvision's (antialias=True) filter: a triangle whose support
 // widens with the downscaling factor, so a large reduction averages every source pixel rather

@@ -136,7 +136,7 @@ void PackNode::on_restored() {
 }
 
 void PackNode::check_dtype(const Ref& ref, DType d, const Shape& shape) {
-  const bool integer = d != DType::kFloat32 && d != DType::kFloat64 && d != DType::kBool;
+  const bool integer = dtype_is_integer(d);
   if (shape.rank() != 1 || !integer)
     throw DataError("", DataError::kNoOffset,
                     "pack '" + name() + "': field '" + options_.field + "' of record " +

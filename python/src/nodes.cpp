@@ -217,7 +217,14 @@ py::array numpy_view(const Tensor& t) {
 /// A sample's tensor fields as a dict field -> read-only numpy view. The GIL is held.
 py::dict sample_dict(const Sample& s) {
   py::dict d;
-  for (const auto& [id, t] : s) d[py::str(std::string(field_name(id)))] = numpy_view(t);
+  for (const auto& [id, t] : s) {
+    const std::string name(field_name(id));
+    if (t.dtype() == DType::kBFloat16)
+      throw Error("field '" + name + "' of record " + s.ref.to_string() +
+                  " is bfloat16, which numpy has no type for: `cast` it to float32 before a "
+                  "Python map");
+    d[py::str(name)] = numpy_view(t);
+  }
   return d;
 }
 
@@ -234,7 +241,8 @@ Tensor tensor_of(const py::handle& v, const std::string& who, const std::string&
     dtype = parse_dtype(name);
   } catch (const ConfigError&) {
     throw Error(who + " returned field '" + field + "' of dtype " + name +
-                ", which flowstate does not hold (uint8..int64, float32, float64, bool)");
+                ", which flowstate does not hold (uint8..int64, float16, float32, float64, "
+                "bool)");
   }
   std::vector<std::int64_t> dims;
   for (py::ssize_t i = 0; i < a.ndim(); ++i) dims.push_back(a.shape(i));

@@ -135,6 +135,45 @@ TEST(CastTransform, SaturatesFloatsAndWrapsIntegers) {
   EXPECT_EQ(values<double>(s.at("data")), (std::vector<double>{0.0, 200.0}));
 }
 
+TEST(CastTransform, ToFloat16RoundsToNearestEvenAndBackIsExact) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // 1 + 2^-11 is a tie (to even: 1), 65520 overflows, 2^-25 is half the smallest subnormal.
+  const std::vector<float> in{
+      1.0f, 1.0f + 0x1p-11f, 1.0f + 0x1.8p-10f, 65520.0f, -1e9f, 0x1p-25f, 0x1.8p-24f, -0.0f, nan,
+      inf};
+  Sample s = run_fn(sample_fn("cast", params({{"dtype", std::string("float16")}})),
+                    tensor<float>(in, Shape{2, 5}));
+  EXPECT_EQ(s.at("data").dtype(), DType::kFloat16);
+  EXPECT_EQ(s.at("data").shape(), (Shape{2, 5}));
+  std::vector<std::uint16_t> bits;
+  for (Float16 h : s.at("data").values<Float16>()) bits.push_back(h.bits);
+  EXPECT_EQ(bits, (std::vector<std::uint16_t>{0x3C00, 0x3C00, 0x3C02, 0x7C00, 0xFC00, 0x0000,
+                                              0x0002, 0x8000, 0x7E00, 0x7C00}));
+  // Back to float32, exactly; to integers as float32 values go (NaN -> 0, saturating).
+  const Tensor half = s.at("data");
+  s = run_fn(sample_fn("cast", params({{"dtype", std::string("float32")}})), half);
+  const auto back = values<float>(s.at("data"));
+  EXPECT_EQ(back[2], 1.0f + 0x1p-9f);
+  EXPECT_EQ(back[6], 0x1p-23f);
+  EXPECT_TRUE(std::isnan(back[8]));
+  s = run_fn(sample_fn("cast", params({{"dtype", std::string("int16")}})), half);
+  EXPECT_EQ(values<std::int16_t>(s.at("data")),
+            (std::vector<std::int16_t>{1, 1, 1, 32767, -32768, 0, 0, 0, 0, 32767}));
+  // From float64 in one rounding: 1 + 2^-11 + 2^-40 is above the tie (float would lose it).
+  s = run_fn(sample_fn("cast", params({{"dtype", std::string("float16")}})),
+             tensor<double>({1.0 + 0x1p-11 + 0x1p-40, 3.0}, Shape{2}));
+  EXPECT_EQ(s.at("data").values<Float16>()[0].bits, 0x3C01);
+  s = run_fn(sample_fn("cast", params({{"dtype", std::string("bfloat16")}})),
+             tensor<std::int32_t>({1, -3, 257, 1 << 30}, Shape{4}));
+  std::vector<float> bf;
+  for (BFloat16 h : s.at("data").values<BFloat16>()) bf.push_back(h);
+  EXPECT_EQ(bf, (std::vector<float>{1.0f, -3.0f, 256.0f, 1073741824.0f}));  // 257: tie to even
+  s = run_fn(sample_fn("cast", params({{"dtype", std::string("bool")}})),
+             tensor<Float16>({Float16(0.0), Float16(-0.0), Float16(0.5)}, Shape{3}));
+  EXPECT_EQ(values<bool>(s.at("data")), (std::vector<bool>{false, false, true}));
+}
+
 TEST(NormalizeTransform, GivesFloat32) {
   Sample s = run_fn(sample_fn("normalize", params({{"mean", 127.5}, {"std", 127.5}})),
                     tensor<std::uint8_t>({0, 255, 51}, Shape{3}));

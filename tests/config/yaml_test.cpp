@@ -631,7 +631,8 @@ TEST(YamlErrors, MapTransforms) {
   expect_error(replace(kBase, "  - batch", "  - map: {fn: decode, dtype: u16}\n  - batch"),
                "nodes[2].map.dtype",
                "p.yaml:6:30: nodes[2].map.dtype: 'u16' is not one of: uint8, int8, uint16, "
-               "int16, uint32, int32, uint64, int64, float32, float64, bool");
+               "int16, uint32, int32, uint64, int64, float32, float64, bool, float16, "
+               "bfloat16");
   expect_error(replace(kBase, "  - batch",
                        "  - map: {fn: decode, dtype: uint8, shape: [-1, -1]}\n  - batch"),
                "nodes[2].map.shape",

@@ -646,6 +646,93 @@ TEST(ImageTransforms, NormalizeImageMakesChannelsFirstFloats) {
           static_cast<float>((in.values<std::uint8_t>()[i * 3 + c] / 255.0 - mean[c]) / sd[c]));
 }
 
+TEST(ImageTransforms, NormalizeImageToFloat16IsTheFloat32ValueRounded) {
+  // Float16 element for element equal to the float32 output rounded to nearest even (numpy's
+  // astype(float16) of it: tests/python/test_images.py); bfloat16 likewise; 1 and 3 channels.
+  for (std::int64_t c : {3, 1}) {
+    Sample s = image_sample(5, 7, 4);
+    if (c == 1) {
+      Tensor gray(DType::kUInt8, Shape{5, 7, 1});
+      for (std::size_t i = 0; i < 35; ++i)
+        gray.values<std::uint8_t>()[i] = s.at("jpg").values<std::uint8_t>()[i * 3];
+      s.set("jpg", gray);
+    }
+    const std::vector<std::pair<std::string, ParamValue>> one{
+        {"mean", std::vector<std::string>{"0.5"}}, {"std", std::vector<std::string>{"0.25"}}};
+    auto with = [&](const char* dtype) {
+      auto v = c == 1 ? one : std::vector<std::pair<std::string, ParamValue>>{};
+      v.emplace_back("dtype", std::string(dtype));
+      return v;
+    };
+    Sample f32 = s, f16 = s, bf16 = s;
+    MapContext ctx{0, ElementRng(1, 2)};
+    transform("normalize_image", c == 1 ? one : std::vector<std::pair<std::string, ParamValue>>{})(
+        f32, ctx);
+    transform("normalize_image", with("float16"))(f16, ctx);
+    transform("normalize_image", with("bfloat16"))(bf16, ctx);
+    ASSERT_EQ(f16.at("jpg").dtype(), DType::kFloat16);
+    ASSERT_EQ(bf16.at("jpg").dtype(), DType::kBFloat16);
+    ASSERT_EQ(f16.at("jpg").shape(), (Shape{c, 5, 7}));
+    const auto want = f32.at("jpg").values<float>();
+    const auto got = f16.at("jpg").values<Float16>();
+    const auto got_bf = bf16.at("jpg").values<BFloat16>();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got[i].bits, float16_bits(want[i])) << i;
+      ASSERT_EQ(got_bf[i].bits, bfloat16_bits(want[i])) << i;
+    }
+  }
+}
+
+TEST(ImageTransforms, NormalizeImageDTypeIsCheckedAndFloat32KeepsTheFingerprint) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 2);
+  auto yaml = [&](const std::string& normalize) {
+    return "seed: 1\nsource: {type: tar, paths: \"" + tar +
+           "\", fields: [jpg]}\nnodes:\n  - decode_image: {}\n  - map: {fn: normalize_image" +
+           normalize + "}\n  - batch: {size: 1}\n";
+  };
+  EXPECT_EQ(from_yaml_string(yaml("")).fingerprint(),
+            from_yaml_string(yaml(", dtype: float32")).fingerprint());
+  EXPECT_NE(from_yaml_string(yaml("")).fingerprint(),
+            from_yaml_string(yaml(", dtype: float16")).fingerprint());
+  try {
+    from_yaml_string(yaml(", dtype: int8"));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("is not one of: float32, float16, bfloat16")) << e.what();
+  }
+}
+
+TEST(DecodeImage, Float16BatchesStackToBatchChannelsHeightWidthAndResumeExactly) {
+  TempDir dir;
+  const std::string tar = write_image_tar(dir, 10);
+  auto yaml = [&](const char* dtype) {
+    std::string y = augment_yaml(tar, "error");
+    const std::string from = "{fn: normalize_image}";
+    y.replace(y.find(from), from.size(),
+              std::string("{fn: normalize_image, dtype: ") + dtype + "}");
+    return y;
+  };
+  Loader half(from_yaml_string(yaml("float16")), {.epochs = 1});
+  Loader full(from_yaml_string(augment_yaml(tar, "error")), {.epochs = 1});
+  std::size_t samples = 0;
+  while (auto b = half.next()) {
+    auto f = full.next();
+    ASSERT_TRUE(f.has_value());
+    const Tensor& x = (*b)["jpg"];
+    EXPECT_EQ(x.dtype(), DType::kFloat16);
+    EXPECT_EQ(x.shape(), (Shape{static_cast<std::int64_t>(b->info.num_samples), 3, 16, 20}));
+    const auto want = (*f)["jpg"].values<float>();
+    const auto got = x.values<Float16>();
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i].bits, float16_bits(want[i]));
+    samples += b->info.num_samples;
+  }
+  EXPECT_EQ(samples, 10u);
+  auto make = [&] { return from_yaml_string(yaml("float16")); };
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+}
+
 TEST(ImageTransforms, ASampleThatIsNotADecodedImageIsADataError) {
   Sample s;
   s.ref = Ref{.source = 0, .shard = 0, .index = 3};
