@@ -996,8 +996,10 @@ TEST_F(Cli, InspectShowsWhatACheckpointHolds) {
       << r.out;
   EXPECT_NE(r.out.find("  random_crop.length = 40\n"), std::string::npos);
   EXPECT_NE(r.out.find("skipped steps: 128..129\n"), std::string::npos);
+  // The shuffle starts its source's epoch (the file source's state names the epoch its files
+  // are read in: a change of its files needs it), so the source is at epoch 1 too.
   EXPECT_NE(r.out.find("node states:\n"
-                       "  records (records): epoch 0, cursor 0, files 4 (--json lists them)\n"
+                       "  records (records): epoch 1, cursor 0, files 4 (--json lists them)\n"
                        "  shuffle (shuffle): epoch 1, draws 48, keyframe none\n"
                        "  batch (batch): epoch 1, next_step 128, next_index_in_epoch 3, "
                        "epoch_started true\n"),
