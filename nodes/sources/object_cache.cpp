@@ -103,6 +103,10 @@ void fsync_dir(const std::filesystem::path& dir) {
   }
 }
 
+std::atomic<std::uint64_t> g_partial_counter{0};
+
+}  // namespace
+
 std::string bytes_text(std::uint64_t b) {
   char buf[64];
   if (b >= (std::uint64_t{1} << 30))
@@ -115,10 +119,6 @@ std::string bytes_text(std::uint64_t b) {
     std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(b));
   return buf;
 }
-
-std::atomic<std::uint64_t> g_partial_counter{0};
-
-}  // namespace
 
 std::uint64_t parse_byte_size(const std::string& text, const std::string& key) {
   std::size_t i = 0;

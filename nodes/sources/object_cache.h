@@ -106,6 +106,10 @@ class ObjectCache {
 /// pattern.
 std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern);
 
+/// "N bytes", with MiB or GiB beside it from 1 MiB on: how the cache's messages (and the
+/// look-ahead window's) write a size.
+std::string bytes_text(std::uint64_t b);
+
 /// The cache key of an object: 32 hex digits from its URL, ETag and size.
 std::string cache_key(const RemoteObject& object);
 

@@ -15,20 +15,6 @@ namespace {
 
 std::atomic<std::uint64_t> g_window_ids{1};
 
-/// "N bytes", with MiB or GiB beside it from 1 MiB on (as the cache's messages write it).
-std::string bytes_text(std::uint64_t b) {
-  char buf[64];
-  if (b >= (std::uint64_t{1} << 30))
-    std::snprintf(buf, sizeof buf, "%llu bytes (%.2f GiB)", static_cast<unsigned long long>(b),
-                  static_cast<double>(b) / (1 << 30));
-  else if (b >= (std::uint64_t{1} << 20))
-    std::snprintf(buf, sizeof buf, "%llu bytes (%.2f MiB)", static_cast<unsigned long long>(b),
-                  static_cast<double>(b) / (1 << 20));
-  else
-    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(b));
-  return buf;
-}
-
 /// The mapping a thread read last, and whose: it lives until the thread's next data() call,
 /// so a pointer data() returned stays valid however the window moves meanwhile.
 struct HeldMapping {
