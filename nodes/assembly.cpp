@@ -1,3 +1,6 @@
+// Batch planning and assembly in one file (over 600 lines): the planner, the assembler and the
+// batch slots share the plan's private helpers and the collation path, which a split would
+// have to expose in a header.
 #include "flowstate/nodes/assembly.h"
 
 #include <algorithm>

@@ -1,3 +1,6 @@
+// The shuffle node's modes in one file (over 600 lines): global, buffer and the stream
+// key-frames share the definition table, the epoch rules and the state checks a split would
+// have to expose.
 #include "flowstate/nodes/shuffle.h"
 
 #include <algorithm>
