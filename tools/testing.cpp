@@ -80,19 +80,19 @@ std::vector<BatchTrace> drain_with(Loader& loader, const std::vector<MixWeightsA
   return out;
 }
 
-}  // namespace
-
-OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
-                                LoaderOptions restore_options) {
-  return check_save_restore(make, std::move(options), std::move(restore_options), {});
-}
-
-OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
-                                LoaderOptions restore_options, std::vector<MixWeightsAt> weights) {
+/// The oracle: the uninterrupted run (from `from` when given, else from the beginning), then
+/// for each breakpoint k that `breakpoints` picks from it, k batches, save, restore into a
+/// loader of `restore_options`, drain, and the whole compared with the uninterrupted run.
+OracleReport run_oracle(
+    const std::function<Pipeline()>& make, const LoaderOptions& options,
+    const LoaderOptions& restore_options, const std::vector<MixWeightsAt>& weights,
+    const std::string* from,
+    const std::function<std::set<std::size_t>(const std::vector<BatchTrace>&)>& breakpoints) {
   OracleReport report;
   std::vector<BatchTrace> full;
   {
     Loader l(make(), options);
+    if (from) l.load_state(*from);
     full = drain_with(l, weights);
   }
   report.batches = full.size();
@@ -100,24 +100,17 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
     report.failures.push_back("the oracle needs a pipeline that produces batches");
     return report;
   }
-  std::set<std::size_t> breaks{0, 1, full.size() / 5, full.size()};
-  for (std::size_t i = 0; i < full.size(); ++i) {
-    if (full[i].epoch == 0 && full[i].last) {
-      breaks.insert(i);      // after consuming the batch before the epoch's last one
-      breaks.insert(i + 1);  // exactly at the epoch's end
-    }
-    if (full[i].epoch == 1 && full[i].index_in_epoch == 0) breaks.insert(i + (full.size() - i) / 2);
-  }
-  for (std::size_t k : breaks) {
+  for (std::size_t k : breakpoints(full)) {
     if (k > full.size()) continue;
     report.breakpoints.push_back(k);
     const std::string where = "breakpoint after " + std::to_string(k) + " batches: ";
     const char* doing = "consuming";
     try {
-      std::string state;
+      std::string saved;
       std::vector<BatchTrace> got;
       {
         Loader l(make(), options);
+        if (from) l.load_state(*from);
         got = drain_with(l, weights, k);
         if (got.size() != k) {
           report.failures.push_back(where + "the run ended after " + std::to_string(got.size()) +
@@ -125,11 +118,11 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
           continue;
         }
         doing = "saving";
-        state = l.state();
+        saved = l.state();
       }
       doing = "restoring";
       Loader resumed(make(), restore_options);
-      resumed.load_state(state);
+      resumed.load_state(saved);
       doing = "draining the restored run";
       auto rest = drain_with(resumed, weights);
       got.insert(got.end(), rest.begin(), rest.end());
@@ -142,51 +135,41 @@ OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOpt
   return report;
 }
 
+}  // namespace
+
+OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
+                                LoaderOptions restore_options) {
+  return check_save_restore(make, std::move(options), std::move(restore_options), {});
+}
+
+OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options,
+                                LoaderOptions restore_options, std::vector<MixWeightsAt> weights) {
+  return run_oracle(make, options, restore_options, weights, nullptr,
+                    [](const std::vector<BatchTrace>& full) {
+                      std::set<std::size_t> breaks{0, 1, full.size() / 5, full.size()};
+                      for (std::size_t i = 0; i < full.size(); ++i) {
+                        if (full[i].epoch == 0 && full[i].last) {
+                          breaks.insert(i);  // after consuming the batch before the epoch's last
+                          breaks.insert(i + 1);  // exactly at the epoch's end
+                        }
+                        if (full[i].epoch == 1 && full[i].index_in_epoch == 0)
+                          breaks.insert(i + (full.size() - i) / 2);
+                      }
+                      return breaks;
+                    });
+}
+
 OracleReport check_save_restore(const std::function<Pipeline()>& make, LoaderOptions options) {
   return check_save_restore(make, options, options);
 }
 
 OracleReport check_save_restore_from(const std::function<Pipeline()>& make, LoaderOptions options,
                                      const std::string& state) {
-  OracleReport report;
-  std::vector<BatchTrace> full;
-  {
-    Loader l(make(), options);
-    l.load_state(state);
-    full = drain(l);
-  }
-  report.batches = full.size();
-  if (full.empty()) {
-    report.failures.push_back("the oracle needs a pipeline that produces batches");
-    return report;
-  }
-  for (std::size_t k = 0; k <= full.size(); ++k) {
-    report.breakpoints.push_back(k);
-    const std::string where = "breakpoint after " + std::to_string(k) + " batches: ";
-    const char* doing = "consuming";
-    try {
-      std::string saved;
-      std::vector<BatchTrace> got;
-      {
-        Loader l(make(), options);
-        l.load_state(state);
-        got = drain(l, k);
-        doing = "saving";
-        saved = l.state();
-      }
-      doing = "restoring";
-      Loader resumed(make(), options);
-      resumed.load_state(saved);
-      doing = "draining the restored run";
-      auto rest = drain(resumed);
-      got.insert(got.end(), rest.begin(), rest.end());
-      if (std::string d = first_difference(got, full); !d.empty())
-        report.failures.push_back(where + d);
-    } catch (const std::exception& e) {
-      report.failures.push_back(where + doing + " threw: " + e.what());
-    }
-  }
-  return report;
+  return run_oracle(make, options, options, {}, &state, [](const std::vector<BatchTrace>& full) {
+    std::set<std::size_t> every;  // a breakpoint after every batch
+    for (std::size_t k = 0; k <= full.size(); ++k) every.insert(k);
+    return every;
+  });
 }
 
 }  // namespace flowstate::testing
