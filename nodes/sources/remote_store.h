@@ -102,7 +102,8 @@ void for_each_connection(std::size_t count, int connections,
 /// Downloads `object` into the open file `fd` (bytes [0, size) written at their offsets),
 /// retrying per `settings` and resuming at the first byte not yet received. Each GET sends
 /// If-Match with the listed ETag: an object changed since it was listed is a DataError, never a
-/// copy mixing two versions. `progress`, when given, is told the bytes received so far.
+/// copy mixing two versions. `progress`, when given, is told the bytes written so far after
+/// each attempt that wrote some. The copy is written in pieces ending on 2 MiB boundaries.
 /// Throws DataError naming the URL, the last HTTP status (or transfer error) and the attempts.
 void download_object(const RemoteObject& object, int fd, const RemoteSettings& settings,
                      const std::function<void(std::uint64_t)>& progress = {});
