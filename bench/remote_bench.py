@@ -101,9 +101,9 @@ def main():
                          'nodes:\n  - shuffle: {mode: global}\n  - batch: {size: 256}\n')
             return p
 
-        # The same files copied (shutil.copyfile, as the cache writes its copies: whole files
-        # written by a process): on this kernel a run over files `gen` wrote is faster than
-        # over the same bytes copied, whoever reads them (see bench/RESULTS.md).
+        # The same files copied (shutil.copyfile): on this kernel a run over files `gen` wrote
+        # is faster than over the same bytes copied, whoever reads them — the page cache keeps
+        # a file in folios the size of the writes that made it (see bench/RESULTS.md).
         copied = work / "records-copied"
         if not copied.exists():
             copied.mkdir()

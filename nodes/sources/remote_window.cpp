@@ -55,7 +55,8 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
       remote_(std::move(remote)),
       cache_(std::move(cache)),
       id_(g_window_ids.fetch_add(1)),
-      slots_(objects_.size()) {
+      slots_(objects_.size()),
+      ready_(objects_.size()) {
   // The look-ahead and one copy more must fit: the largest such set of objects.
   std::vector<std::uint64_t> sizes;
   for (const auto& o : objects_) sizes.push_back(o.size);
@@ -64,6 +65,9 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
   std::uint64_t need = 0;
   for (std::size_t i = 0; i < held; ++i) need += sizes[i];
   const std::uint64_t limit = cache_.settings().limit;
+  std::uint64_t total = 0;
+  for (const auto size : sizes) total += size;
+  all_fit_ = total <= limit;
   if (need > limit)
     throw ConfigError("FLOWSTATE_CACHE_LIMIT",
                       "the cache limit " + bytes_text(limit) + " is smaller than the " +
@@ -100,6 +104,11 @@ std::uint64_t RemoteWindow::fetches() const {
 const std::byte* RemoteWindow::data(std::size_t k) {
   if (t_held.window == id_ && t_held.k == k) [[likely]]
     return t_held.map->data();
+  if (all_fit_) {
+    // Never unpinned: the mapping lives as long as the window.
+    if (const std::byte* bytes = ready_[k].load(std::memory_order_acquire)) [[likely]]
+      return bytes;
+  }
   // Hold nothing while this read waits: the copy the thread read last is not kept for it.
   t_held = {};
   auto map = open(k);
@@ -112,9 +121,11 @@ std::shared_ptr<const MappedFile> RemoteWindow::open(std::size_t k) {
   std::unique_lock lock(mu_);
   if (k >= front_ || (new_pass_ && !slots_[k].map && !slots_[k].fetching)) {
     if (k < front_) new_pass_ = false;
-    front_ = k;  // reading moved on, or the next epoch started over
-    started_ = true;
-    work_.notify_all();
+    if (k != front_ || !started_) {
+      front_ = k;  // reading moved on, or the next epoch started over
+      started_ = true;
+      work_.notify_all();  // only when the look-ahead moved: a read per record must not wake
+    }
   }
   for (;;) {
     Slot& s = slots_[k];
@@ -181,6 +192,7 @@ void RemoteWindow::fetch(std::size_t k, std::unique_lock<std::mutex>& lock) {
   } else {
     s.pin = std::move(pin);
     s.map = std::move(map);
+    if (all_fit_) ready_[k].store(s.map->data(), std::memory_order_release);
   }
   changed_.notify_all();
   work_.notify_all();
@@ -196,8 +208,12 @@ void RemoteWindow::download_ahead() {
     if (stop_) return;
     std::size_t claimed = slots_.size();
     if (started_) {
-      const std::size_t end = std::min(slots_.size(), front_ + lookahead_);
-      for (std::size_t j = front_; j < end; ++j) {
+      // The look-ahead in file order from the front; every file, round from the front, when
+      // the limit holds them all.
+      const std::size_t n = slots_.size();
+      const std::size_t count = all_fit_ ? n : std::min(n, front_ + lookahead_) - front_;
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::size_t j = (front_ + i) % n;
         Slot& s = slots_[j];
         if (s.map || s.fetching || s.error) continue;
         if (make_room(objects_[j].size)) {

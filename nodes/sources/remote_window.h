@@ -22,14 +22,20 @@
 //
 // A global record shuffle reads files at random: every file is then in use all epoch, and a
 // cache that cannot hold the source downloads a file again for most reads of a file it
-// unpinned. It works, slowly; such a pipeline wants a limit that holds the source (then nothing
-// is unpinned) or range reads (not built).
+// unpinned. It works, slowly; such a pipeline wants a limit that holds the source or range
+// reads (not built).
+//
+// A limit that holds the whole source. Then nothing is ever unpinned, and the look-ahead is
+// every file, in file order from the front round to the one before it: a global shuffle's
+// first read starts every download, `connections` at a time. A copy once mapped stays mapped
+// for the window's life, so a read of it takes no lock (an atomic pointer per file).
 //
 //   auto files = list_source_files({"s3://bucket/train-*.bin"}, {});
 //   RemoteWindow window({*files[0].remote, *files[1].remote}, /*lookahead=*/4);
 //   const std::byte* bytes = window.data(0);  // valid on this thread until its next data()
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -109,7 +115,7 @@ class RemoteWindow {
     bool fetching = false;
     std::exception_ptr error;  ///< the background download failed (rethrown to a read)
   };
-  bool needed(std::size_t k) const { return k >= front_ && k < front_ + lookahead_; }
+  bool needed(std::size_t k) const { return all_fit_ || (k >= front_ && k < front_ + lookahead_); }
   /// Under mu_: unpins copies outside the look-ahead, least recently read first, until
   /// `bytes` more fit the limit; false when they do not (copies still downloading hold room).
   bool make_room(std::size_t bytes);
@@ -128,6 +134,10 @@ class RemoteWindow {
   std::condition_variable changed_;  ///< a slot was published or failed
   std::condition_variable work_;     ///< the look-ahead moved, or stop
   std::vector<Slot> slots_;
+  /// The limit holds every object: nothing is unpinned, the look-ahead is every file.
+  bool all_fit_ = false;
+  /// With all_fit_: a copy's bytes once mapped (null before), read without mu_.
+  std::vector<std::atomic<const std::byte*>> ready_;
   std::size_t front_ = 0;
   bool started_ = false;   ///< a read happened: the look-ahead downloads
   bool new_pass_ = false;  ///< an epoch started: the next read behind the front moves it
