@@ -108,6 +108,34 @@ def test_a_sources_endpoint_is_used_over_the_environments(tmp_path, local_data, 
         proxy.stop()
 
 
+def test_a_resume_may_move_the_cache_and_the_endpoint_and_equals_an_uninterrupted_run(
+        tmp_path, local_data, s3):
+    """The options are free: a checkpoint written with one cache and endpoint resumes with
+    others (set with --set, as a launcher would) to the digests of a run without a stop."""
+    proxy = FaultProxy(s3.port).start()
+    try:
+        want = digests(tmp_path, pipeline(tmp_path / "l.yaml",
+                                          records_source(local_data / "records/part-*.bin")))
+        first, second = tmp_path / "cache-1", tmp_path / "cache-2"
+        yaml = pipeline(tmp_path / "r.yaml", records_source(
+            "s3://bucket/data/records/part-*.bin")[:-1] +
+            f", cache: {{dir: '{first}'}}, remote: {{endpoint: '{s3.endpoint}'}}}}")
+        env = {**s3.env(f"http://127.0.0.1:{free_port()}"), **cache_env(tmp_path / "env")}
+        ck, out = tmp_path / "ck", tmp_path / "d.txt"
+        run(["run", str(yaml), "--steps", "40", "--checkpoint-dir", str(ck),
+             "--checkpoint-every", "10", "--digests", str(out)], env=env)
+        assert len(objects_in(first)) == SHARDS and proxy.requests == []
+        run(["run", str(yaml), "--resume", "--checkpoint-dir", str(ck), "--digests", str(out),
+             "--set", f"source.cache.dir={second}", "--set", f"source.remote.endpoint={proxy.url}"],
+            env=env)
+        assert out.read_text() == want
+        # The saved listing was read (no list request); the objects came through the new
+        # endpoint into the new cache.
+        assert lists(proxy.requests) == [] and len(objects_in(second)) == SHARDS, proxy.requests
+    finally:
+        proxy.stop()
+
+
 def test_validate_schema_and_inspect_show_the_options_and_no_secret(tmp_path, local_data, s3):
     env = {**s3.env(), **cache_env(tmp_path), "AWS_SESSION_TOKEN": "TOKEN-SECRET-XYZ"}
     src = records_source("s3://bucket/data/records/part-*.bin")[:-1]
