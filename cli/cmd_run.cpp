@@ -25,6 +25,7 @@
 #include "flowstate/core/launcher.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/object_cache.h"
 #include "flowstate/serialization/checkpoint.h"
 #ifdef FLOWSTATE_HAVE_MPI
 #include "flowstate/mpi/mpi_coordinator.h"
@@ -54,6 +55,11 @@ constexpr const char* kUsage =
     "  --overwrite             discard the directory's checkpoints (durably) before running;\n"
     "                          without --resume or --overwrite, a directory that holds\n"
     "                          checkpoints is refused\n"
+    "  --cache-dir DIR         default cache directory of remote objects (s3://, http(s)://)\n"
+    "                          for the sources that set no cache.dir (over\n"
+    "                          FLOWSTATE_CACHE_DIR; free: never changes the batches)\n"
+    "  --cache-limit SIZE      default cache limit (20GiB, 500MB, 1048576) for the sources\n"
+    "                          that set no cache.limit (over FLOWSTATE_CACHE_LIMIT)\n"
     "  --skip A:B              drop the batches of steps A..B (inclusive; repeatable)\n"
     "  --set KEY=VALUE         override a pipeline value (nodes[1].shuffle.size=1024; repeatable)\n"
     "  --data-changed continue with --resume: continue over a checkpoint whose pipeline differs\n"
@@ -270,6 +276,19 @@ LoaderOptions run_loader_options(const Args& args, const PipelineConfig& config,
   if (!plan.per_rank_dir) options.coordinator = coordinator;
   // Remote sources list once per job: saved here, read again by a resume (on rank 0).
   options.checkpoint_dir = plan.dir;
+  // The job's cache defaults (a source's cache option is over them, the environment under).
+  if (auto d = args.value("--cache-dir")) {
+    if (d->empty()) throw UsageError("--cache-dir expects a directory");
+    options.cache_dir = std::filesystem::absolute(*d).string();
+  }
+  if (auto l = args.value("--cache-limit")) {
+    try {
+      options.cache_limit = parse_byte_size(*l, "--cache-limit");
+    } catch (const ConfigError& e) {
+      throw UsageError(std::string("--cache-limit: ") + e.what());
+    }
+    if (options.cache_limit == 0) throw UsageError("--cache-limit must be more than 0 bytes");
+  }
   options.trace = args.value("--trace").value_or("");
   options.metrics = args.value("--metrics").value_or("");
   if (auto d = args.value("--data-changed")) {
@@ -511,12 +530,12 @@ class RunLoop {
 };
 
 int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> coordinator) {
-  Args args(
-      argv,
-      {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip", "--set",
-       "--digests", "--provenance", "--workers", "--progress-interval", "--trace", "--metrics",
-       "--metrics-interval", "--data-changed", "--mix-weights", "--weights-schedule"},
-      {"--resume", "--overwrite"});
+  Args args(argv,
+            {"--steps", "--epochs", "--checkpoint-dir", "--checkpoint-every", "--keep", "--skip",
+             "--set", "--digests", "--provenance", "--workers", "--progress-interval", "--trace",
+             "--metrics", "--metrics-interval", "--data-changed", "--mix-weights",
+             "--weights-schedule", "--cache-dir", "--cache-limit"},
+            {"--resume", "--overwrite"});
   if (args.help()) {
     std::fputs(kUsage, stdout);
     return kExitOk;

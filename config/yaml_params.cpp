@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "flowstate/core/error.h"
@@ -127,6 +128,8 @@ ParamValue YamlParams::parse_value(const YAML::Node& n, const ParamSchema& p,
       v = std::move(list);
       break;
     }
+    case ParamType::kMap:  // read by parse_group, never as one value
+      fail(n, key, "expected " + std::string(param_type_name(p.type)));
     case ParamType::kIntList: {
       std::vector<std::int64_t> list;
       if (n.IsScalar()) {
@@ -176,27 +179,70 @@ Params YamlParams::parse_params(const YAML::Node& map, const YAML::Node& at, con
                  suggestion(name, known));
       }
       const YAML::Node value(it->second);
-      given.emplace_back(name, parse_value(value, *schema, pkey));
       // yaml-cpp marks an empty (null) value at the next token: point at its key instead.
       wheres.emplace_back(name, where(value.IsNull() ? k : value, pkey));
+      if (schema->type == ParamType::kMap) {
+        parse_group(value, *schema, name, pkey, what + "'s " + name, given, wheres);
+        continue;
+      }
+      given.emplace_back(name, parse_value(value, *schema, pkey));
     }
   }
   std::vector<std::pair<std::string, ParamValue>> values;  // schema order
-  for (const auto* list : schemas) {
-    for (const auto& p : *list) {
-      auto g = std::find_if(given.begin(), given.end(),
-                            [&](const auto& e) { return e.first == p.name; });
-      if (g != given.end()) {
-        values.emplace_back(p.name, std::move(g->second));
-      } else if (p.required) {
-        fail(map.IsDefined() && !map.IsNull() ? map : at, join_key(p.name),
-             "missing required parameter '" + p.name + "'");
-      } else if (p.default_value) {
-        values.emplace_back(p.name, *p.default_value);
-      }
+  // A group's sub-parameters are "group.key" entries (the group itself has no value).
+  const YAML::Node& there = map.IsDefined() && !map.IsNull() ? map : at;
+  std::function<void(const ParamSchema&, const std::string&)> add = [&](const ParamSchema& p,
+                                                                        const std::string& name) {
+    if (p.type == ParamType::kMap) {
+      for (const auto& sub : p.fields) add(sub, name + "." + sub.name);
+      return;
     }
-  }
+    auto g =
+        std::find_if(given.begin(), given.end(), [&](const auto& e) { return e.first == name; });
+    if (g != given.end()) {
+      values.emplace_back(name, std::move(g->second));
+    } else if (p.required) {
+      fail(there, join_key(name), "missing required parameter '" + p.name + "'");
+    } else if (p.default_value) {
+      values.emplace_back(name, *p.default_value);
+    }
+  };
+  for (const auto* list : schemas)
+    for (const auto& p : *list) add(p, p.name);
   return Params(key, std::move(values), std::move(wheres));
+}
+
+void YamlParams::parse_group(const YAML::Node& map, const ParamSchema& group,
+                             const std::string& name, const std::string& key,
+                             const std::string& what,
+                             std::vector<std::pair<std::string, ParamValue>>& given,
+                             std::vector<std::pair<std::string, std::string>>& wheres) const {
+  if (!map.IsDefined() || map.IsNull()) return;  // `cache:` alone: nothing set
+  std::vector<std::string> known;
+  for (const auto& p : group.fields) known.push_back(p.name);
+  if (!map.IsMap())
+    fail(map, key, "expected a map of " + join(known) + ", got " + describe_node(map));
+  std::set<std::string> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node k(it->first);
+    if (!k.IsScalar()) fail(k, key, "keys must be strings, got " + describe_node(k));
+    const std::string sub = k.Scalar();
+    const std::string skey = key + "." + sub;
+    if (!seen.insert(sub).second) fail(k, skey, "duplicate key '" + sub + "'");
+    auto schema = std::find_if(group.fields.begin(), group.fields.end(),
+                               [&](const ParamSchema& p) { return p.name == sub; });
+    if (schema == group.fields.end())
+      fail(k, skey,
+           "unknown parameter '" + sub + "' of " + what + " (known: " + join(known) + ")" +
+               suggestion(sub, known));
+    const YAML::Node value(it->second);
+    wheres.emplace_back(name + "." + sub, where(value.IsNull() ? k : value, skey));
+    if (schema->type == ParamType::kMap) {
+      parse_group(value, *schema, name + "." + sub, skey, what + "'s " + sub, given, wheres);
+      continue;
+    }
+    given.emplace_back(name + "." + sub, parse_value(value, *schema, skey));
+  }
 }
 
 const ParamSchema* YamlParams::find_param(

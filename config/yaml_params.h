@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flowstate/config/yaml_support.h"
@@ -50,6 +51,13 @@ class YamlParams {
   std::uint64_t parse_uint(const YAML::Node& n, const ParamSchema& p, const std::string& key) const;
   std::int64_t parse_int(const YAML::Node& n, const std::string& key) const;
   double parse_float(const YAML::Node& n, const std::string& key) const;
+  /// Reads the map `map` given to the group parameter `group` (ParamType::kMap) at `key`: each
+  /// sub-key checked by its field's schema (an unknown one fails naming `key.sub`, `what` in the
+  /// message), its value added to `given` as "name.sub" and its place to `wheres`.
+  void parse_group(const YAML::Node& map, const ParamSchema& group, const std::string& name,
+                   const std::string& key, const std::string& what,
+                   std::vector<std::pair<std::string, ParamValue>>& given,
+                   std::vector<std::pair<std::string, std::string>>& wheres) const;
 
   std::string origin_;
   std::vector<Override> overrides_;

@@ -63,7 +63,9 @@ std::unique_ptr<Loader::Runtime> Loader::make_runtime() {
   ListingScope scope({.dir = options_.checkpoint_dir,
                       .reuse = options_.on_data_change != OnDataChange::kContinue,
                       .coordinator = options_.coordinator.get(),
-                      .memo = listings_});
+                      .memo = listings_,
+                      .cache_dir = options_.cache_dir,
+                      .cache_limit = options_.cache_limit});
   return std::make_unique<Runtime>(pipeline_, options_, observer_->tracer.get());
 }
 

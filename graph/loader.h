@@ -93,6 +93,13 @@ struct LoaderOptions {
   /// hands the listing to the other ranks. Empty: each Loader lists once (its rebuilds do not).
   /// Does not change the batches; save_checkpoint and restore still take their directory.
   std::string checkpoint_dir;
+  /// The job's default cache directory for remote objects (`flowstate run --cache-dir`): used by
+  /// the sources that set no `cache.dir`, over FLOWSTATE_CACHE_DIR. Empty: the environment's.
+  /// Does not change the batches (nodes/sources/remote_options.h).
+  std::string cache_dir;
+  /// The job's default cache limit in bytes (`--cache-limit`): used by the sources that set no
+  /// `cache.limit`, over FLOWSTATE_CACHE_LIMIT. 0: the environment's.
+  std::uint64_t cache_limit = 0;
 };
 
 /// Where time went in a running Loader, for finding the bottleneck. Counters accumulate over

@@ -16,9 +16,14 @@
 //
 // Types: bool, unsigned and signed integers, double, std::string, std::vector<std::string>,
 // std::vector<std::int64_t>, enums with EnumNames, and std::optional of any of these (unset:
-// absent from YAML, the description and the checks). An options struct may add a
-// `void validate() const` for rules across options (throwing ConfigError with the field's key),
-// and members that are not in the table (a C++ callable, the YAML file's directory).
+// absent from YAML, the description and the checks). A member whose type has a table of its own
+// is a group (a map-valued option, ParamType::kMap): YAML writes `cache: {dir: d, limit: 1GiB}`,
+// each sub-key checked by the group's rows (an unknown one is an error naming it), and
+// Params, the checks, values_of and the description name them "cache.dir" — declared once in
+// the group's struct and included by any number of tables (nodes/sources/remote_options.h). An
+// options struct may add a `void validate() const` for rules across options (throwing ConfigError
+// with the field's key), and members that are not in the table (a C++ callable, the YAML file's
+// directory).
 #pragma once
 
 #include <any>
@@ -131,6 +136,9 @@ concept OptionsTable = requires {
   O::table();
 };
 
+template <OptionsTable O>
+std::vector<ParamSchema> schema_of();
+
 namespace detail {
 
 template <class T>
@@ -225,30 +233,64 @@ std::string canonical_text(const T& v) {
 
 template <class O, class T>
 ParamSchema schema_row(const Field<O, T>& f) {
-  using V = typename Unwrap<T>::type;
   ParamSchema p;
-  p.name = f.key;
-  p.type = param_type_of<V>(f.spec.min && *f.spec.min >= 0);
-  p.doc = f.spec.doc;
-  p.required = f.spec.required;
-  p.min = f.spec.min;
-  p.max = f.spec.max;
-  p.free = f.spec.free;
-  p.data = f.spec.data;
-  p.auto_value = f.spec.auto_value;
-  p.default_doc = f.spec.default_doc;
-  if (f.spec.check != nullptr) p.check = f.spec.check;
-  if constexpr (std::is_enum_v<V>) p.choices = enum_names<V>();
-  if constexpr (!IsOptional<T>::value) {
-    const O defaults{};
-    const T& d = defaults.*(f.member);
-    bool empty_list = false;
-    if constexpr (std::is_same_v<T, std::vector<std::string>> ||
-                  std::is_same_v<T, std::vector<std::int64_t>>)
-      empty_list = d.empty();
-    if (!f.spec.required && !empty_list) p.default_value = to_param(d, p.type);
+  if constexpr (OptionsTable<T>) {  // a group: its rows are the map's keys
+    p.name = f.key;
+    p.type = ParamType::kMap;
+    p.doc = f.spec.doc;
+    p.free = f.spec.free;
+    p.data = f.spec.data;
+    p.default_doc = f.spec.default_doc;
+    p.fields = schema_of<T>();
+    for (auto& sub : p.fields) {
+      sub.free = sub.free || p.free;
+      sub.data = sub.data || p.data;
+    }
+    return p;
+  } else {
+    using V = typename Unwrap<T>::type;
+    p.name = f.key;
+    p.type = param_type_of<V>(f.spec.min && *f.spec.min >= 0);
+    p.doc = f.spec.doc;
+    p.required = f.spec.required;
+    p.min = f.spec.min;
+    p.max = f.spec.max;
+    p.free = f.spec.free;
+    p.data = f.spec.data;
+    p.auto_value = f.spec.auto_value;
+    p.default_doc = f.spec.default_doc;
+    if (f.spec.check != nullptr) p.check = f.spec.check;
+    if constexpr (std::is_enum_v<V>) p.choices = enum_names<V>();
+    if constexpr (!IsOptional<T>::value) {
+      const O defaults{};
+      const T& d = defaults.*(f.member);
+      bool empty_list = false;
+      if constexpr (std::is_same_v<T, std::vector<std::string>> ||
+                    std::is_same_v<T, std::vector<std::int64_t>>)
+        empty_list = d.empty();
+      if (!f.spec.required && !empty_list) p.default_value = to_param(d, p.type);
+    }
+    return p;
   }
-  return p;
+}
+
+/// Sets the members of `o` that `p` holds under `prefix` + key ("cache." for a group).
+template <OptionsTable O>
+void fill_options(O& o, const Params& p, const std::string& prefix) {
+  std::apply(
+      [&](const auto&... f) {
+        (
+            [&] {
+              using T = std::remove_cvref_t<decltype(o.*(f.member))>;
+              if constexpr (OptionsTable<T>) {
+                fill_options(o.*(f.member), p, prefix + f.key + ".");
+              } else if (const ParamValue* v = p.find(prefix + f.key)) {
+                o.*(f.member) = from_param<typename Unwrap<T>::type>(*v);
+              }
+            }(),
+            ...);
+      },
+      O::table());
 }
 
 }  // namespace detail
@@ -267,17 +309,7 @@ std::vector<ParamSchema> schema_of() {
 template <OptionsTable O>
 O options_from(const Params& p, const std::filesystem::path& base_dir = {}) {
   O o{};
-  std::apply(
-      [&](const auto&... f) {
-        (
-            [&] {
-              using T = std::remove_cvref_t<decltype(o.*(f.member))>;
-              using V = typename detail::Unwrap<T>::type;
-              if (const ParamValue* v = p.find(f.key)) o.*(f.member) = detail::from_param<V>(*v);
-            }(),
-            ...);
-      },
-      O::table());
+  detail::fill_options(o, p, "");
   if constexpr (requires { o.base_dir = base_dir; }) o.base_dir = base_dir;
   return o;
 }
@@ -294,20 +326,25 @@ void validate_fields(const O& o, const std::string& node) {
         (
             [&] {
               using T = std::remove_cvref_t<decltype(o.*(f.member))>;
-              const ParamSchema row = detail::schema_row(f);
-              auto check = [&](const auto& value) {
-                const std::string problem = check_param(row, detail::to_param(value, row.type));
-                if (problem.empty()) return;
-                // "lines.paths must name ..." reads as a sentence; "batch.size: 0 is out of
-                // range (...)" names the value.
-                const std::string key = node + "." + row.name;
-                throw ConfigError(key,
-                                  key + (problem.rfind("must", 0) == 0 ? " " : ": ") + problem);
-              };
-              if constexpr (detail::IsOptional<T>::value) {
-                if (o.*(f.member)) check(*(o.*(f.member)));
+              if constexpr (OptionsTable<T>) {
+                validate_fields(o.*(f.member), node + "." + f.key);  // "records.cache.limit"
+                return;
               } else {
-                check(o.*(f.member));
+                const ParamSchema row = detail::schema_row(f);
+                auto check = [&](const auto& value) {
+                  const std::string problem = check_param(row, detail::to_param(value, row.type));
+                  if (problem.empty()) return;
+                  // "lines.paths must name ..." reads as a sentence; "batch.size: 0 is out of
+                  // range (...)" names the value.
+                  const std::string key = node + "." + row.name;
+                  throw ConfigError(key,
+                                    key + (problem.rfind("must", 0) == 0 ? " " : ": ") + problem);
+                };
+                if constexpr (detail::IsOptional<T>::value) {
+                  if (o.*(f.member)) check(*(o.*(f.member)));
+                } else {
+                  check(o.*(f.member));
+                }
               }
             }(),
             ...);
@@ -325,7 +362,7 @@ void validate_fields(const O& o, const std::string& node) {
 }
 
 /// Every option of `o` by key, in table order, as the ParamValue YAML would give (nullopt for
-/// an unset optional).
+/// an unset optional). A group is its key with nullopt, then its options as "group.key".
 template <OptionsTable O>
 std::vector<std::pair<std::string, std::optional<ParamValue>>> values_of(const O& o) {
   std::vector<std::pair<std::string, std::optional<ParamValue>>> out;
@@ -335,7 +372,11 @@ std::vector<std::pair<std::string, std::optional<ParamValue>>> values_of(const O
             [&] {
               using T = std::remove_cvref_t<decltype(o.*(f.member))>;
               const ParamType type = detail::schema_row(f).type;
-              if constexpr (detail::IsOptional<T>::value) {
+              if constexpr (OptionsTable<T>) {
+                out.emplace_back(f.key, std::nullopt);
+                for (auto& [k, v] : values_of(o.*(f.member)))
+                  out.emplace_back(std::string(f.key) + "." + k, std::move(v));
+              } else if constexpr (detail::IsOptional<T>::value) {
                 out.emplace_back(f.key, o.*(f.member) ? std::optional<ParamValue>(detail::to_param(
                                                             *(o.*(f.member)), type))
                                                       : std::nullopt);
@@ -349,7 +390,8 @@ std::vector<std::pair<std::string, std::optional<ParamValue>>> values_of(const O
   return out;
 }
 
-/// The canonical parameters of `o`, in table order (see FieldSpec::describe_if and text).
+/// The canonical parameters of `o`, in table order (see FieldSpec::describe_if and text). A
+/// group's described options are "group.key" (free or data when the group's row is).
 template <OptionsTable O>
 std::vector<DescribedParam> describe_fields(const O& o) {
   std::vector<DescribedParam> out;
@@ -359,7 +401,11 @@ std::vector<DescribedParam> describe_fields(const O& o) {
             [&] {
               using T = std::remove_cvref_t<decltype(o.*(f.member))>;
               if (f.spec.describe_if != nullptr && !f.spec.describe_if(o)) return;
-              if (f.spec.text != nullptr) {
+              if constexpr (OptionsTable<T>) {
+                for (auto& d : describe_fields(o.*(f.member)))
+                  out.push_back({std::string(f.key) + "." + d.key, std::move(d.value),
+                                 d.free || f.spec.free, d.data || f.spec.data});
+              } else if (f.spec.text != nullptr) {
                 out.push_back({f.key, f.spec.text(o), f.spec.free, f.spec.data});
               } else if constexpr (detail::IsOptional<T>::value) {
                 if (o.*(f.member))

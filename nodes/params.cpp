@@ -22,6 +22,8 @@ std::string_view param_type_name(ParamType t) {
       return "a string or a list of strings";
     case ParamType::kIntList:
       return "an integer or a list of integers";
+    case ParamType::kMap:
+      return "a map";
   }
   return "a value";
 }
@@ -189,6 +191,11 @@ std::string describe_params(const std::vector<ParamSchema>& params, std::string_
     if (p.data) line += ", data";
     line += "): " + p.doc + "\n";
     out += line;
+    if (p.type == ParamType::kMap) {
+      std::vector<ParamSchema> fields = p.fields;
+      for (auto& f : fields) f.name = p.name + "." + f.name;
+      out += describe_params(fields, std::string(indent) + "  ");
+    }
   }
   return out;
 }

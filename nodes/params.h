@@ -31,6 +31,9 @@ enum class ParamType : std::uint8_t {
   kString,      ///< any scalar, as text
   kStringList,  ///< a string or a list of strings
   kIntList,     ///< an integer or a list of integers
+  /// A map of named sub-parameters (ParamSchema::fields), e.g. `cache: {dir: d, limit: 1GiB}`.
+  /// It has no value of its own: Params holds each given sub-parameter as "group.key".
+  kMap,
 };
 /// "an unsigned integer", "a boolean", ...: what a value of type `t` is, for messages.
 std::string_view param_type_name(ParamType t);
@@ -69,6 +72,9 @@ struct ParamSchema {
   std::string default_doc;
   /// Extra validation: returns the problem ("must not be empty"), or "" when the value is fine.
   std::function<std::string(const ParamValue&)> check;
+  /// kMap only: the sub-parameters a map takes, each checked like a parameter (an unknown key
+  /// is an error naming it). Their values are the Params entries "name.field".
+  std::vector<ParamSchema> fields;
 };
 
 /// The validated parameters of one node: every parameter of its schema that was given or

@@ -254,7 +254,8 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
   // Which lines are records depends on skip_empty, so it is part of the index's kind.
   // lines/2: entries carry kCrBit.
   const std::string kind = options_.skip_empty ? "lines/2 skip_empty" : "lines/2";
-  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
+  const SourceRemote remote = source_remote("lines", options_);
+  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir, &remote)) {
     const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);
     auto index = load_index<std::uint64_t>(

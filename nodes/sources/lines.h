@@ -41,6 +41,7 @@
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/remote_options.h"
 
 namespace flowstate {
 
@@ -69,6 +70,9 @@ struct LinesOptions {
   std::filesystem::path base_dir;            ///< relative paths resolve against it; not described
   FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
 
+  CacheOptions cache;    ///< the local cache of remote files (free)
+  RemoteOptions remote;  ///< how remote files are reached (free)
+
   static constexpr auto table() {
     using O = LinesOptions;
     return std::tuple{
@@ -82,6 +86,8 @@ struct LinesOptions {
               {.doc = "jsonl: top-level keys read into fields of the same name",
                .default_doc = "none: the whole line in `field`"}),
         verify_param<O>(),
+        cache_param<O>(),
+        remote_param<O>(),
     };
   }
   /// The checks across options: a field name, json_fields only for jsonl, no name twice.

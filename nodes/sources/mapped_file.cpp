@@ -256,12 +256,13 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
 }
 
 std::vector<ExpandedPath> expand_named_paths(const std::vector<std::string>& patterns,
-                                             const std::filesystem::path& base_dir) {
+                                             const std::filesystem::path& base_dir,
+                                             const SourceRemote* remote) {
   std::vector<ExpandedPath> out;
   std::set<std::string> seen;
   for (const auto& written : patterns) {
     if (is_remote_url(written)) {
-      for (auto& r : expand_remote_paths(written))
+      for (auto& r : expand_remote_paths(written, remote))
         if (seen.insert(r.name).second) out.push_back(std::move(r));
       continue;
     }

@@ -95,9 +95,14 @@ struct ExpandedPath {
   std::string etag;
 };
 
-/// expand_paths, with each file's name (see ExpandedPath).
+struct SourceRemote;  // nodes/sources/remote_options.h
+
+/// expand_paths, with each file's name (see ExpandedPath). A remote pattern's objects are
+/// reached and cached as `remote` says (a source's `cache` and `remote` options; null: the
+/// job's defaults and the environment).
 std::vector<ExpandedPath> expand_named_paths(const std::vector<std::string>& patterns,
-                                             const std::filesystem::path& base_dir = {});
+                                             const std::filesystem::path& base_dir = {},
+                                             const SourceRemote* remote = nullptr);
 
 /// Expands `patterns` (plain paths or globs): each pattern's matches in sorted order,
 /// a remote pattern (`s3://`, `http(s)://`) its objects, fetched into the local cache (see

@@ -19,6 +19,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
 #include "flowstate/nodes/sources/remote_listing.h"
+#include "flowstate/nodes/sources/remote_options.h"
 
 namespace flowstate {
 
@@ -148,6 +149,12 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& key) {
 
 CacheSettings CacheSettings::from_environment() {
   CacheSettings s;
+  s.dir = environment_dir();
+  s.limit = environment_limit();
+  return s;
+}
+
+std::filesystem::path CacheSettings::environment_dir() {
   std::string dir = env("FLOWSTATE_CACHE_DIR");
   if (dir.empty()) {
     const std::string xdg = env("XDG_CACHE_HOME");
@@ -155,11 +162,15 @@ CacheSettings CacheSettings::from_environment() {
     dir = !xdg.empty() ? xdg + "/flowstate" : (!home.empty() ? home + "/.cache/flowstate" : "");
     if (dir.empty()) dir = "/tmp/flowstate-cache-" + std::to_string(::getuid());
   }
-  s.dir = dir;
-  const std::string limit = env("FLOWSTATE_CACHE_LIMIT");
-  if (!limit.empty()) s.limit = parse_byte_size(limit, "FLOWSTATE_CACHE_LIMIT");
-  if (s.limit == 0) throw ConfigError("FLOWSTATE_CACHE_LIMIT", "must be more than 0 bytes");
-  return s;
+  return dir;
+}
+
+std::uint64_t CacheSettings::environment_limit() {
+  std::uint64_t limit = std::uint64_t{20} << 30;
+  const std::string text = env("FLOWSTATE_CACHE_LIMIT");
+  if (!text.empty()) limit = parse_byte_size(text, "FLOWSTATE_CACHE_LIMIT");
+  if (limit == 0) throw ConfigError("FLOWSTATE_CACHE_LIMIT", "must be more than 0 bytes");
+  return limit;
 }
 
 std::string cache_key(const RemoteObject& object) {
@@ -310,11 +321,11 @@ std::vector<std::shared_ptr<const CachePin>> ObjectCache::fetch(
     largest = std::max(largest, o.size);
   }
   if (total > settings_.limit)
-    throw ConfigError("FLOWSTATE_CACHE_LIMIT",
+    throw ConfigError(settings_.limit_key,
                       "the cache limit " + bytes_text(settings_.limit) + " is smaller than the " +
                           bytes_text(total) + " of the " + std::to_string(objects.size()) +
                           " remote objects a source holds open together (largest " +
-                          bytes_text(largest) + "); raise FLOWSTATE_CACHE_LIMIT");
+                          bytes_text(largest) + "); raise " + settings_.limit_key);
   std::vector<std::shared_ptr<const CachePin>> pins(objects.size());
   std::vector<std::size_t> missing;
   {
@@ -328,10 +339,11 @@ std::vector<std::shared_ptr<const CachePin>> ObjectCache::fetch(
   return pins;
 }
 
-std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern) {
-  const RemoteSettings remote = RemoteSettings::from_environment();
+std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern,
+                                              const SourceRemote* source) {
+  const RemoteSettings remote = resolve_remote_settings(source);
   const auto objects = job_listing(pattern, remote);  // once per job (remote_listing.h)
-  ObjectCache cache(CacheSettings::from_environment());
+  ObjectCache cache(resolve_cache_settings(source));
   const auto pins = cache.fetch(objects, remote);
   std::vector<ExpandedPath> out;
   out.reserve(objects.size());

@@ -37,15 +37,26 @@
 
 namespace flowstate {
 
+struct SourceRemote;  // nodes/sources/remote_options.h
+
 /// Where the cache lies and how large it may grow.
 struct CacheSettings {
   /// FLOWSTATE_CACHE_DIR; default $XDG_CACHE_HOME/flowstate, else ~/.cache/flowstate.
   std::filesystem::path dir;
   /// FLOWSTATE_CACHE_LIMIT ("20GiB", "500MB", "1048576"); default 20 GiB.
   std::uint64_t limit = std::uint64_t{20} << 30;
+  /// Where `limit` was set, for the key of a "limit too small" ConfigError and its advice:
+  /// "FLOWSTATE_CACHE_LIMIT", a source's "records.cache.limit", the job's "cache_limit".
+  std::string limit_key = "FLOWSTATE_CACHE_LIMIT";
 
   /// Reads the environment. Throws ConfigError (key FLOWSTATE_CACHE_LIMIT) for a bad size.
   static CacheSettings from_environment();
+  /// FLOWSTATE_CACHE_DIR; else $XDG_CACHE_HOME/flowstate, ~/.cache/flowstate, or
+  /// /tmp/flowstate-cache-UID without a home.
+  static std::filesystem::path environment_dir();
+  /// FLOWSTATE_CACHE_LIMIT, else 20 GiB. Throws ConfigError (key FLOWSTATE_CACHE_LIMIT) for a
+  /// bad size or 0.
+  static std::uint64_t environment_limit();
 };
 
 /// Parses a byte size: digits, then optionally B, KB, MB, GB, TB (powers of 1000) or KiB, MiB,
@@ -98,13 +109,15 @@ class ObjectCache {
   std::filesystem::path objects_, partial_, lock_path_;
 };
 
-/// The objects a remote `pattern` names (job_listing: listed once per job, settings from the
-/// environment), fetched
-/// into the cache (CacheSettings::from_environment()) and pinned: per object its copy's path,
+/// The objects a remote `pattern` names (job_listing: listed once per job), fetched into the
+/// cache and pinned: per object its copy's path,
 /// its URL as the name (so a data identity names the object, wherever the cache lies), and the
 /// pin in `keep`, and its ETag. expand_named_paths calls it for an `s3://`, `http://` or `https://`
 /// pattern.
-std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern);
+/// `source`, when given, is the source's cache and remote options (resolve_cache_settings,
+/// resolve_remote_settings; nodes/sources/remote_options.h); null: the job's and environment's.
+std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern,
+                                              const SourceRemote* source = nullptr);
 
 /// "N bytes", with MiB or GiB beside it from 1 MiB on: how the cache's messages (and the
 /// look-ahead window's) write a size.

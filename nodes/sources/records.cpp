@@ -26,7 +26,8 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
   validate_fields(options_, "records");
   set_verify(options_.verify);
   std::vector<RemoteObject> remote;
-  for (auto& file : list_source_files(options_.paths, options_.base_dir)) {
+  const SourceRemote settings = source_remote("records", options_);
+  for (auto& file : list_source_files(options_.paths, options_.base_dir, &settings)) {
     if (file.remote) {
       // Numbered from the listing: nothing is downloaded until a record is read.
       const RemoteObject& o = *file.remote;
@@ -54,7 +55,9 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
     remote_.push_back(0);
   }
   if (!remote.empty())
-    window_ = std::make_unique<RemoteWindow>(std::move(remote), options_.lookahead);
+    window_ = std::make_unique<RemoteWindow>(std::move(remote), options_.lookahead,
+                                             resolve_cache_settings(&settings),
+                                             resolve_remote_settings(&settings));
 }
 
 std::span<const std::byte> RecordsSource::record(const Ref& ref) const {

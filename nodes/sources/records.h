@@ -22,6 +22,7 @@
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/remote_options.h"
 #include "flowstate/nodes/sources/remote_window.h"
 
 namespace flowstate {
@@ -38,6 +39,8 @@ struct RecordsOptions {
   /// Remote files held ahead of the reads (see RemoteWindow; free: the data does not depend
   /// on it).
   std::size_t lookahead = kDefaultLookahead;
+  CacheOptions cache;    ///< the local cache of remote files (free)
+  RemoteOptions remote;  ///< how remote files are reached (free)
 
   static constexpr auto table() {
     using O = RecordsOptions;
@@ -52,6 +55,8 @@ struct RecordsOptions {
                .free = true,
                .doc = kLookaheadDoc,
                .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
+        cache_param<O>(),
+        remote_param<O>(),
     };
   }
 };

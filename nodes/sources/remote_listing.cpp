@@ -129,6 +129,8 @@ ListingScope::ListingScope(ListingContext context)
 
 ListingScope::~ListingScope() { t_context = previous_; }
 
+const ListingContext* current_listing_context() { return t_context; }
+
 void save_pending_listings(ListingMemo& memo) {
   std::vector<std::pair<std::filesystem::path, std::string>> pending;
   {

@@ -13,6 +13,7 @@
 // and the GET URL is made again from the settings in force (another endpoint, a proxy).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -58,7 +59,16 @@ struct ListingContext {
   Coordinator* coordinator = nullptr;
   /// Listings already made by this Loader (looked up first); null: none kept.
   std::shared_ptr<ListingMemo> memo;
+  /// The job's default cache directory (LoaderOptions::cache_dir, `--cache-dir`): the sources
+  /// opened under this context that set no `cache.dir` use it. Empty: the environment's.
+  std::filesystem::path cache_dir;
+  /// The job's default cache limit in bytes (LoaderOptions::cache_limit, `--cache-limit`);
+  /// 0: the environment's. See resolve_cache_settings (nodes/sources/remote_options.h).
+  std::uint64_t cache_limit = 0;
 };
+
+/// The calling thread's ListingContext (the innermost ListingScope), or null outside any.
+const ListingContext* current_listing_context();
 
 /// Sets the ListingContext of the calling thread while it lives (scopes nest; the previous
 /// context comes back).

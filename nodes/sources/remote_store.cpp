@@ -458,10 +458,10 @@ std::string redact_url(std::string_view url) {
   return u;
 }
 
-RemoteSettings RemoteSettings::from_environment() {
+RemoteSettings RemoteSettings::from_environment(const std::string& named_profile) {
   RemoteSettings s;
   const std::string home = env("HOME");
-  std::string profile = env("AWS_PROFILE");
+  std::string profile = named_profile.empty() ? env("AWS_PROFILE") : named_profile;
   if (profile.empty()) profile = "default";
   std::string creds = env("AWS_SHARED_CREDENTIALS_FILE");
   if (creds.empty() && !home.empty()) creds = home + "/.aws/credentials";
@@ -469,9 +469,11 @@ RemoteSettings RemoteSettings::from_environment() {
   if (config.empty() && !home.empty()) config = home + "/.aws/config";
   const std::string config_section = profile == "default" ? "default" : "profile " + profile;
 
-  s.access_key = env("AWS_ACCESS_KEY_ID");
-  s.secret_key = env("AWS_SECRET_ACCESS_KEY");
-  s.session_token = env("AWS_SESSION_TOKEN");
+  if (named_profile.empty()) {
+    s.access_key = env("AWS_ACCESS_KEY_ID");
+    s.secret_key = env("AWS_SECRET_ACCESS_KEY");
+    s.session_token = env("AWS_SESSION_TOKEN");
+  }
   if (s.access_key.empty() && s.secret_key.empty() && !creds.empty()) {
     s.access_key = ini_value(creds, profile, "aws_access_key_id");
     s.secret_key = ini_value(creds, profile, "aws_secret_access_key");

@@ -67,7 +67,9 @@ struct RemoteSettings {
   /// Reads the environment and, for what it lacks, the shared credentials and config files
   /// (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials, AWS_CONFIG_FILE or ~/.aws/config) for
   /// AWS_PROFILE (default "default"). Throws ConfigError naming a variable that is malformed.
-  static RemoteSettings from_environment();
+  /// A `profile` given (a source's `remote.profile`) is read instead of AWS_PROFILE, and its
+  /// keys are used even when the environment has keys (as `aws --profile` does).
+  static RemoteSettings from_environment(const std::string& profile = {});
   /// Whether S3 requests are signed: both keys are known (otherwise they are anonymous).
   bool signs() const { return !access_key.empty() && !secret_key.empty(); }
 };

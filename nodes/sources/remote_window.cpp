@@ -8,6 +8,7 @@
 
 #include "flowstate/core/error.h"
 #include "flowstate/nodes/sources/remote_listing.h"
+#include "flowstate/nodes/sources/remote_options.h"
 
 namespace flowstate {
 
@@ -27,13 +28,14 @@ thread_local HeldMapping t_held;
 }  // namespace
 
 std::vector<SourceFile> list_source_files(const std::vector<std::string>& patterns,
-                                          const std::filesystem::path& base_dir) {
+                                          const std::filesystem::path& base_dir,
+                                          const SourceRemote* source) {
   std::vector<SourceFile> out;
   std::set<std::string> seen;
   std::optional<RemoteSettings> remote;
   for (const auto& pattern : patterns) {
     if (is_remote_url(pattern)) {
-      if (!remote) remote = RemoteSettings::from_environment();
+      if (!remote) remote = resolve_remote_settings(source);
       for (auto& o : job_listing(pattern, *remote))  // once per job (remote_listing.h)
         if (seen.insert(o.url).second) out.push_back({.local = {}, .remote = std::move(o)});
       continue;
@@ -69,13 +71,13 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
   for (const auto size : sizes) total += size;
   all_fit_ = total <= limit;
   if (need > limit)
-    throw ConfigError("FLOWSTATE_CACHE_LIMIT",
+    throw ConfigError(cache_.settings().limit_key,
                       "the cache limit " + bytes_text(limit) + " is smaller than the " +
                           bytes_text(need) + " of the " + std::to_string(held) +
                           " largest remote objects the look-ahead holds together (lookahead: " +
                           std::to_string(lookahead_) + " files ahead of the one read, of " +
-                          std::to_string(objects_.size()) +
-                          "); raise FLOWSTATE_CACHE_LIMIT or lower the source's lookahead");
+                          std::to_string(objects_.size()) + "); raise " +
+                          cache_.settings().limit_key + " or lower the source's lookahead");
   const std::size_t downloaders =
       std::min<std::size_t>(lookahead_, static_cast<std::size_t>(std::max(1, remote_.connections)));
   for (std::size_t i = 0; i < downloaders; ++i)

@@ -63,9 +63,11 @@ struct SourceFile {
 
 /// The files `patterns` name, in order, duplicates dropped, downloading nothing: a local
 /// pattern through expand_named_paths (relative to `base_dir`), a remote one through
-/// list_remote (RemoteSettings::from_environment()). Throws as those do.
+/// job_listing (settings: resolve_remote_settings(`remote`), the source's options over the
+/// environment). Throws as those do.
 std::vector<SourceFile> list_source_files(const std::vector<std::string>& patterns,
-                                          const std::filesystem::path& base_dir = {});
+                                          const std::filesystem::path& base_dir = {},
+                                          const SourceRemote* remote = nullptr);
 
 /// The default of a source's `lookahead` option: files downloaded ahead of the reads.
 inline constexpr std::size_t kDefaultLookahead = 8;

@@ -274,7 +274,8 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
   set_verify(options_.verify);
   for (const auto& ext : options_.fields) field_ids_.push_back(field_id(ext));
 
-  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
+  const SourceRemote remote = source_remote("tar", options_);
+  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir, &remote)) {
     const std::string& f = named.path;
     Shard shard;
     shard.map = std::make_shared<const MappedFile>(f);

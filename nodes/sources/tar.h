@@ -45,6 +45,7 @@
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/index_cache.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/remote_options.h"
 
 namespace flowstate {
 
@@ -72,6 +73,9 @@ struct TarOptions {
   std::filesystem::path base_dir;            ///< relative paths resolve against it; not described
   FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
 
+  CacheOptions cache;    ///< the local cache of remote files (free)
+  RemoteOptions remote;  ///< how remote files are reached (free)
+
   static constexpr auto table() {
     using O = TarOptions;
     return std::tuple{
@@ -81,6 +85,8 @@ struct TarOptions {
         param("on_missing", &O::on_missing,
               {.doc = "a sample lacking one of `fields`: error (when the source opens) or skip"}),
         verify_param<O>(),
+        cache_param<O>(),
+        remote_param<O>(),
     };
   }
   /// The checks across options: no empty extension, none twice.

@@ -316,6 +316,10 @@ def _param_doc(spec):
         default = "required" if p["required"] else (
             f"default {p['default']!r}" if p["default"] is not None else p["default_doc"] or "unset")
         lines.append(f"  {p['name']} ({p['type']}; {default}): {p['doc']}")
+        for f in p.get("fields", ()):  # a map's keys: cache={"dir": ..., "limit": ...}
+            sub = f"default {f['default']!r}" if f["default"] is not None else (
+                f["default_doc"] or "unset")
+            lines.append(f"    {p['name']}[{f['name']!r}] ({f['type']}; {sub}): {f['doc']}")
     return "\n".join(lines)
 
 
@@ -333,7 +337,8 @@ def _generate():
     writes_auto = _yaml_value("auto") == "auto"
     types = {"bool": bool, "uint": int, "int": int, "float": float, "string": str,
              "string_list": typing.Union[str, list[str]],
-             "int_list": typing.Union[int, list[int]]}
+             "int_list": typing.Union[int, list[int]],
+             "map": dict}
 
     def parameter(p, kind):
         annotation = types.get(kind["kind"], typing.Any)
@@ -578,6 +583,25 @@ def _workers_option(workers):
     return workers
 
 
+def _job_options(checkpoint_dir, cache_dir, cache_limit):
+    """Loader's checkpoint_dir, cache_dir and cache_limit as the native Loader takes them."""
+    limit = 0
+    if cache_limit is not None:
+        if isinstance(cache_limit, bool) or not isinstance(cache_limit, (int, str)):
+            raise ConfigError(f"cache_limit={cache_limit!r}: bytes, or a size like '20GiB'")
+        if isinstance(cache_limit, int):
+            if cache_limit <= 0:
+                raise ConfigError(f"cache_limit={cache_limit!r}: must be more than 0 bytes")
+            limit = cache_limit
+        else:
+            limit = _C.parse_byte_size(cache_limit, "cache_limit")
+            if limit == 0:
+                raise ConfigError(f"cache_limit={cache_limit!r}: must be more than 0 bytes")
+    return {"checkpoint_dir": "" if checkpoint_dir is None else os.path.abspath(checkpoint_dir),
+            "cache_dir": "" if cache_dir is None else os.path.abspath(cache_dir),
+            "cache_limit": limit}
+
+
 def _device_of(device):
     import torch
 
@@ -634,11 +658,20 @@ class Loader:
 
     `process_group` (a torch.distributed group, e.g. torch.distributed.group.WORLD) makes
     save_checkpoint and restore collective over its ranks: one checkpoint step for all of
-    them, committed only when every rank's part is durable (see _TorchCoordinator)."""
+    them, committed only when every rank's part is durable (see _TorchCoordinator).
+
+    `checkpoint_dir`: the job's checkpoint directory (the one you pass to save_checkpoint and
+    restore). Remote sources (s3://, http(s)://) save their listing in its `listings/` and
+    every Loader on it -- a resumed one, len()'s probe -- reads it instead of listing the
+    store again: a job lists once. `cache_dir` and `cache_limit` (bytes, or a size like
+    "20GiB") are the job's defaults for the sources' local cache of remote objects, over
+    FLOWSTATE_CACHE_DIR and FLOWSTATE_CACHE_LIMIT; a source's `cache` option is over them.
+    None of the three changes the batches."""
 
     def __init__(self, pipeline, epochs=None, workers=None, prefetch=None, process_group=None,
                  num_workers=0, prefetch_factor=None, timeout=0, worker_init_fn=None,
-                 pin_memory=False, _pool=None):
+                 pin_memory=False, checkpoint_dir=None, cache_dir=None, cache_limit=None,
+                 _pool=None):
         if isinstance(pipeline, Builder):
             pipeline = pipeline.build()
         self.pipeline = pipeline
@@ -666,8 +699,9 @@ class Loader:
         self._owns_pool = _pool is None
         self._pool = _pool
         coordinator = None if process_group is None else _TorchCoordinator(process_group)
+        self._job = _job_options(checkpoint_dir, cache_dir, cache_limit)
         self._native = _C.Loader(pipeline._native, self.epochs,
-                                 _workers_option(workers), prefetch, coordinator)
+                                 _workers_option(workers), prefetch, coordinator, **self._job)
         self._device = _device_of(self._plan.device) if self._plan else None
         if self._pin:
             import torch
@@ -825,7 +859,8 @@ class Loader:
         len(DataLoader). The first call plans one batch on a separate loader to learn it."""
         self._check_open()
         if self._len is None:
-            probe = _C.Loader(self.pipeline._native, 1, 1, 1)
+            # The job's options: with a checkpoint_dir, the probe reads the saved listing.
+            probe = _C.Loader(self.pipeline._native, 1, 1, 1, None, **self._job)
             parts = probe.next()
             del probe
             per_epoch = 0 if parts is None else BatchInfo._make(parts[0]).batches_in_epoch

@@ -44,6 +44,11 @@ py::dict param_dict(const ParamSchema& p) {
   d["free"] = p.free;
   d["data"] = p.data;
   d["default_doc"] = p.default_doc;
+  if (p.type == ParamType::kMap) {  // a group: its sub-parameters, described alike
+    py::list fields;
+    for (const ParamSchema& f : p.fields) fields.append(param_dict(f));
+    d["fields"] = fields;
+  }
   return d;
 }
 
@@ -165,8 +170,10 @@ LiveLoaders& live_loaders() {
 /// A Loader whose blocking calls release the GIL.
 class PyLoader {
  public:
+  /// `checkpoint_dir`, `cache_dir` and `cache_limit` are LoaderOptions' (empty, 0: unset).
   PyLoader(const PyPipeline& p, std::uint64_t epochs, std::optional<int> workers,
-           std::optional<std::size_t> prefetch, py::object coordinator)
+           std::optional<std::size_t> prefetch, py::object coordinator, std::string checkpoint_dir,
+           std::string cache_dir, std::uint64_t cache_limit)
       : specs_(p.specs) {
     std::shared_ptr<Coordinator> coord;
     if (!coordinator.is_none()) coord = std::make_shared<PyCoordinator>(std::move(coordinator));
@@ -178,11 +185,13 @@ class PyLoader {
     }
     {
       py::gil_scoped_release release;
-      loader_ =
-          std::make_unique<Loader>(p.pipeline, LoaderOptions{.epochs = epochs,
-                                                             .workers = workers,
-                                                             .prefetch = prefetch,
-                                                             .coordinator = std::move(coord)});
+      loader_ = std::make_unique<Loader>(p.pipeline, LoaderOptions{.epochs = epochs,
+                                                                   .workers = workers,
+                                                                   .prefetch = prefetch,
+                                                                   .coordinator = std::move(coord),
+                                                                   .checkpoint_dir = checkpoint_dir,
+                                                                   .cache_dir = cache_dir,
+                                                                   .cache_limit = cache_limit});
     }
     std::lock_guard lock(live_loaders().mu);
     live_loaders().loaders.insert(this);
@@ -424,11 +433,19 @@ PYBIND11_MODULE(_flowstate, m) {
            })
       .def("describe", [](const PyPipeline& p) { return fs_str(p.pipeline.describe()); });
 
+  m.def(
+      "parse_byte_size",
+      [](const std::string& text, const std::string& key) { return parse_byte_size(text, key); },
+      py::arg("text"), py::arg("key"),
+      "Bytes a size like 20GiB, 500MB or 1048576 stands for; ConfigError under `key` otherwise.");
+
   py::class_<PyLoader>(m, "Loader")
-      .def(py::init<const PyPipeline&, std::uint64_t, std::optional<int>,
-                    std::optional<std::size_t>, py::object>(),
-           py::arg("pipeline"), py::arg("epochs"), py::arg("workers"), py::arg("prefetch"),
-           py::arg("coordinator") = py::none())
+      .def(
+          py::init<const PyPipeline&, std::uint64_t, std::optional<int>, std::optional<std::size_t>,
+                   py::object, std::string, std::string, std::uint64_t>(),
+          py::arg("pipeline"), py::arg("epochs"), py::arg("workers"), py::arg("prefetch"),
+          py::arg("coordinator") = py::none(), py::arg("checkpoint_dir") = std::string(),
+          py::arg("cache_dir") = std::string(), py::arg("cache_limit") = std::uint64_t{0})
       .def("next", &PyLoader::next)
       .def("state", &PyLoader::state)
       .def("state_fields", &PyLoader::state_fields)

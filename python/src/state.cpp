@@ -26,6 +26,8 @@ const char* kind_name(ParamType t) {
       return "string_list";
     case ParamType::kIntList:
       return "int_list";
+    case ParamType::kMap:
+      return "map";
   }
   return "unknown";
 }
@@ -62,6 +64,11 @@ void bind_state(py::module_& m) {
             py::dict d;
             d["kind"] = kind_name(p.type);
             d["auto"] = p.auto_value;
+            if (p.type == ParamType::kMap) {
+              py::dict fields;
+              for (const ParamSchema& f : p.fields) fields[py::str(f.name)] = kind_name(f.type);
+              d["fields"] = fields;
+            }
             params[py::str(p.name)] = d;
           }
           out[py::str(s.type)] = params;
@@ -69,7 +76,7 @@ void bind_state(py::module_& m) {
         return out;
       },
       "Every node type's parameters: name -> {kind: bool|uint|int|float|string|string_list|"
-      "int_list, auto: whether the word `auto` is accepted}.");
+      "int_list|map, auto: whether the word `auto` is accepted; a map's fields: name -> kind}.");
 }
 
 }  // namespace flowstate::python
