@@ -395,6 +395,17 @@ std::span<const std::byte> PackNode::record(const Ref&) const {
 
 std::deque<PackNode::InFlight>::iterator PackNode::find_slot(const Ref& ref) const {
   const RowKey key{ref.shard, ref.index};
+  // Rows of an epoch are numbered one after another and leave from the front: a row of the
+  // front's epoch lies at its distance from the front (checked; else, across an epoch's end,
+  // by bisection).
+  if (!in_flight_.empty() && in_flight_.front().key.first == key.first &&
+      key.second >= in_flight_.front().key.second) {
+    const std::uint64_t i = key.second - in_flight_.front().key.second;
+    if (i < in_flight_.size()) {
+      auto at = in_flight_.begin() + static_cast<std::ptrdiff_t>(i);
+      if (at->key == key) return at->row ? at : in_flight_.end();
+    }
+  }
   auto at = std::lower_bound(in_flight_.begin(), in_flight_.end(), key,
                              [](const InFlight& f, const RowKey& k) { return f.key < k; });
   return at != in_flight_.end() && at->key == key && at->row ? at : in_flight_.end();
