@@ -92,7 +92,11 @@ class CommandScript(build_scripts):
     def copy_scripts(self):
         self.mkpath(self.build_dir)
         outfiles = []
-        for script in self.scripts:
+        # The command's MPI module (built with MPI), which it opens from its own directory
+        # under an MPI launcher (cli/mpi_module.h), travels beside it.
+        module = build_dir() / "cli" / "flowstate-mpi.so"
+        extra = [str(module)] if module.exists() else []
+        for script in list(self.scripts) + extra:
             out = os.path.join(self.build_dir, os.path.basename(script))
             self.copy_file(script, out)
             outfiles.append(out)

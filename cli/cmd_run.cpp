@@ -28,7 +28,7 @@
 #include "flowstate/nodes/sources/object_cache.h"
 #include "flowstate/serialization/checkpoint.h"
 #ifdef FLOWSTATE_HAVE_MPI
-#include "flowstate/mpi/mpi_coordinator.h"
+#include "cli/mpi_module.h"
 #endif
 
 namespace flowstate::cli {
@@ -582,14 +582,14 @@ int run_ranks(std::span<const std::string> argv, std::shared_ptr<Coordinator> co
 int cmd_run(std::span<const std::string> argv) {
   std::shared_ptr<Coordinator> coordinator;
 #ifdef FLOWSTATE_HAVE_MPI
-  std::shared_ptr<MpiCoordinator> mpi;
-  if (under_mpi_launcher()) coordinator = mpi = std::make_shared<MpiCoordinator>();
+  // MPI's libraries are loaded (a module) only under a launcher: cli/mpi_module.h.
+  if (under_mpi_launcher()) coordinator = load_mpi_coordinator();
   try {
     return run_ranks(argv, coordinator);
   } catch (...) {
     // Other ranks may be waiting in a collective this rank never joins: MPI_Finalize would
     // wait for them. Exiting unfinalized has the launcher end the job.
-    if (mpi) mpi->skip_finalize();
+    if (coordinator) skip_mpi_finalize(*coordinator);
     throw;
   }
 #else

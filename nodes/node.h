@@ -230,6 +230,14 @@ class RecordStore {
   virtual std::optional<RecordView> view(const Ref& /*ref*/, FieldId /*field*/) const {
     return std::nullopt;
   }
+  /// view() of each of `refs` into `out` (as many): one call for a chunk of Refs, where a
+  /// store can overlap their lookups (the indexed source prefetches every index entry of the
+  /// chunk before reading any: on a shuffled order each is a cache miss). Default: view() one
+  /// by one.
+  virtual void views(std::span<const Ref> refs, FieldId field,
+                     std::span<std::optional<RecordView>> out) const {
+    for (std::size_t i = 0; i < refs.size(); ++i) out[i] = view(refs[i], field);
+  }
   /// Writes the records of `refs` (Ref::record() of each) stacked into `fields`, with buffers
   /// from `pool`, exactly as reading each and stacking them would; false (and `fields`
   /// untouched) when the store has no such path. The assembler's one-copy path for stores

@@ -163,7 +163,9 @@ PackNode::Document PackNode::from_view(const Ref& ref, const RecordView& view) {
   // Only the length is needed now; the workers copy the tokens from where they lie.
   Document doc;
   doc.numel = view.bytes.size() / dtype_size(view.dtype);
-  check_dtype(ref, view.dtype, Shape{static_cast<std::int64_t>(doc.numel)});
+  // A view is 1-D: once a document set the dtype, the check is that one comparison.
+  if (!dtype_ || *dtype_ != view.dtype) [[unlikely]]
+    check_dtype(ref, view.dtype, Shape{static_cast<std::int64_t>(doc.numel)});
   doc.data = view.bytes.data();
   return doc;  // a view stays valid while the store lives: nothing to release
 }
@@ -222,8 +224,7 @@ bool PackNode::next_ref(Ref& next, std::uint64_t tokens) {
       // shuffled order) are independent here and overlap, where one per document between
       // the planning of rows would wait for each in turn.
       pending_views_.resize(got);
-      for (std::size_t i = 0; i < got; ++i)
-        pending_views_[i] = upstream_store_->view(state_.pending[i], field_);
+      upstream_store_->views(state_.pending, field_, pending_views_);
     }
   }
   next_view_ =
@@ -338,6 +339,9 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     } else {
       made = std::move(spare_.back());
       spare_.pop_back();
+      // A released row was last touched by a worker (on another core): ask for the next one
+      // now, while this one is planned, instead of waiting for its line when it is taken.
+      if (!spare_.empty()) __builtin_prefetch(spare_.back().get(), 1);
       made->segments.clear();  // a row given back unplanned may hold pieces
     }
     Row& row = *made;
@@ -391,6 +395,17 @@ std::span<const std::byte> PackNode::record(const Ref&) const {
 
 std::deque<PackNode::InFlight>::iterator PackNode::find_slot(const Ref& ref) const {
   const RowKey key{ref.shard, ref.index};
+  // Rows of an epoch are numbered one after another and leave from the front: a row of the
+  // front's epoch lies at its distance from the front (checked; else, across an epoch's end,
+  // by bisection).
+  if (!in_flight_.empty() && in_flight_.front().key.first == key.first &&
+      key.second >= in_flight_.front().key.second) {
+    const std::uint64_t i = key.second - in_flight_.front().key.second;
+    if (i < in_flight_.size()) {
+      auto at = in_flight_.begin() + static_cast<std::ptrdiff_t>(i);
+      if (at->key == key) return at->row ? at : in_flight_.end();
+    }
+  }
   auto at = std::lower_bound(in_flight_.begin(), in_flight_.end(), key,
                              [](const InFlight& f, const RowKey& k) { return f.key < k; });
   return at != in_flight_.end() && at->key == key && at->row ? at : in_flight_.end();

@@ -106,6 +106,9 @@ class IndexedFile {
   /// The bytes of sequence `i` / document `d`.
   std::span<const std::byte> sequence(std::uint64_t i) const;
   std::span<const std::byte> document(std::uint64_t d) const;
+  /// Asks for the index entries sequence `i` / document `d` will read (no wait: a prefetch).
+  void prefetch_sequence(std::uint64_t i) const;
+  void prefetch_document(std::uint64_t d) const;
 
  private:
   std::int32_t length(std::uint64_t i) const;
@@ -152,6 +155,9 @@ class IndexedSource final : public FileSource {
   FieldId record_field() const override { return field_; }
   /// The tokens of `ref` in the mapped .bin, found from the index alone (O(1), no .bin read).
   std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
+  /// The views of a chunk: every index entry they need is prefetched first, then read.
+  void views(std::span<const Ref> refs, FieldId field,
+             std::span<std::optional<RecordView>> out) const override;
 
  private:
   /// Starts populate_ over the mapped .bin files (see the class comment).

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
@@ -141,6 +143,43 @@ TEST(IndexedSource, ReadsADocumentIndexAsLongAsTheSequencesThroughIt) {
   const auto view = two.view(two.at(0, 1), field_id("tokens"));
   ASSERT_TRUE(view.has_value());
   EXPECT_EQ(view->bytes.size(), 8u);  // 4 tokens of 2 bytes: the first two sequences
+}
+
+// views() of a chunk (what pack takes for the documents it pulled at once: the index entries
+// prefetched, then read) equals view() one by one: documents through the fixture's document
+// index, documents of an identity index (read without it), sequences, Refs of two files in a
+// shuffled order, and none for another field.
+TEST(IndexedSource, ViewsOfAChunkEqualViewsOneByOne) {
+  TempDir dir;
+  for (const char* name : {"pa", "pb"})
+    for (const char* ext : {".idx", ".bin"})
+      fs::copy_file(kFixtures + "/tokens_u16" + ext, dir / (std::string(name) + ext));
+  const std::int32_t lengths[] = {3, 1, 4};
+  std::string bin(16, '\x07');
+  const std::uint64_t identity[] = {0, 1, 2, 3};
+  testing::write_file(dir / "i.bin", bin);
+  testing::write_file(dir / "i.idx", megatron_index(DType::kUInt16, lengths, identity));
+  const FieldId tokens = field_id("tokens");
+  for (const auto& [glob, unit] : {std::pair{dir / "p?.idx", IndexedUnit::kDocument},
+                                   {dir / "p?.idx", IndexedUnit::kSequence},
+                                   {dir / "i.idx", IndexedUnit::kDocument}}) {
+    IndexedSource src("indexed", {.paths = {glob}, .unit = unit});
+    std::vector<Ref> refs;
+    for (std::uint64_t i = 0; i < src.size(0); ++i)
+      refs.push_back(src.at(0, (i * 7) % src.size(0)));
+    ASSERT_GE(refs.size(), 3u) << glob;
+    std::vector<std::optional<RecordView>> got(refs.size());
+    src.views(refs, tokens, got);
+    for (std::size_t k = 0; k < refs.size(); ++k) {
+      const auto one = src.view(refs[k], tokens);
+      ASSERT_TRUE(one.has_value() && got[k].has_value()) << glob << " " << k;
+      EXPECT_EQ(got[k]->dtype, one->dtype);
+      EXPECT_EQ(got[k]->bytes.data(), one->bytes.data()) << glob << " " << k;
+      EXPECT_EQ(got[k]->bytes.size(), one->bytes.size()) << glob << " " << k;
+    }
+    src.views(refs, field_id("other"), got);
+    for (const auto& v : got) EXPECT_FALSE(v.has_value());
+  }
 }
 
 void put64(std::string& s, std::size_t at, std::int64_t v) { std::memcpy(&s[at], &v, 8); }
