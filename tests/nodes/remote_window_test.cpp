@@ -15,14 +15,20 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/object_cache.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 #include "flowstate/nodes/sources/remote_window.h"
+#include "flowstate/nodes/sources/tar.h"
+#include "flowstate/tools/testing.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -236,6 +242,82 @@ TEST(RemoteWindow, WhatPrepareMakesOfACopyComesWithItsBytesAndItsErrorWithEveryR
   window.rewind();
   EXPECT_EQ(*static_cast<const std::string*>(window.read(0).prepared), "0a");
   EXPECT_GT(prepared.load(), before);
+}
+
+/// 4 tar shards of different sizes, written locally and seeded as cached copies of
+/// https://example.invalid/shard-{0..3}.tar (nothing listens there: every read is a cache hit),
+/// with the job's listing saved in `ck`. Returns the local glob.
+std::string remote_tar_fixture(const TempDir& data, const TempDir& cache, const TempDir& ck,
+                               std::uint64_t& limit) {
+  const std::string pattern = "https://example.invalid/shard-{0..3}.tar";
+  std::vector<RemoteObject> objects;
+  std::vector<std::uint64_t> sizes;
+  for (int f = 0; f < 4; ++f) {
+    std::string tar;
+    for (int i = 0; i < 20 + 10 * f; ++i) {
+      const std::string key = std::to_string(1000 + f * 100 + i);
+      append_tar_member(tar, key + ".txt", "sample " + key + std::string(i % 9, '.'));
+      append_tar_member(tar, key + ".cls", std::to_string(i % 7));
+    }
+    append_tar_end(tar);
+    const std::string name = "shard-" + std::to_string(f) + ".tar";
+    std::ofstream(data / name, std::ios::binary) << tar;
+    RemoteObject o{.url = "https://example.invalid/" + name,
+                   .fetch_url = "https://example.invalid/" + name,
+                   .size = tar.size(),
+                   .etag = "\"t" + std::to_string(f) + "\""};
+    std::filesystem::create_directories(cache / "objects");
+    std::ofstream(cache / ("objects/" + cache_key(o) + ".obj"), std::ios::binary) << tar;
+    objects.push_back(o);
+    sizes.push_back(tar.size());
+  }
+  std::filesystem::create_directories(ck / "listings");
+  std::ofstream(listing_file(ck.path(), pattern)) << encode_listing(pattern, objects);
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  limit = sizes[0] + sizes[1];  // lookahead 1 and one more
+  return data / "shard-*.tar";
+}
+
+TEST(RemoteWindow, ALazyTarSourcePassesTheOracleOnACacheOfTwoShardsAndEqualsLocalFiles) {
+  TempDir data, cache, ck;
+  std::uint64_t limit = 0;
+  const std::string local = remote_tar_fixture(data, cache, ck, limit);
+  ::setenv("FLOWSTATE_CACHE_DIR", cache.path().c_str(), 1);
+  ::setenv("FLOWSTATE_CACHE_LIMIT", std::to_string(limit).c_str(), 1);
+  auto make = [&](const std::string& paths) {
+    return [paths] {
+      return Pipeline::Builder()
+          .seed(17)
+          .tar({.paths = {paths}, .fields = {"txt", "cls"}, .lookahead = 1})
+          .shuffle({.mode = ShuffleMode::kBuffer, .size = 8})
+          .batch({.size = 8, .collate = CollateMode::kRagged})
+          .build();
+    };
+  };
+  const std::string remote = "https://example.invalid/shard-{0..3}.tar";
+  const auto before = remote_request_counts().gets;
+  LoaderOptions options{.epochs = 2, .workers = 2};
+  options.checkpoint_dir = ck.path().string();
+  // The same batches as on local files (digests include the provenance: file and record).
+  {
+    // One Loader over the cache at a time: two alive would reserve the limit twice.
+    Loader a(make(local)(), {.epochs = 2, .workers = 2});
+    const auto want = testing::drain(a);
+    Loader b(make(remote)(), options);
+    const auto got = testing::drain(b);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].digest, want[i].digest) << i;
+    // Two windows over the cache whose reservations do not fit: refused when built.
+    EXPECT_THROW(Loader(make(remote)(), options), ConfigError);
+  }
+  // The counts were saved with the listing; every later build reads them.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(ck / "listings"),
+                          std::filesystem::directory_iterator{}),
+            2);
+  testing::expect_save_restore(make(remote), options, options);
+  EXPECT_EQ(remote_request_counts().gets, before);  // every copy came from the cache
+  ::unsetenv("FLOWSTATE_CACHE_DIR");
+  ::unsetenv("FLOWSTATE_CACHE_LIMIT");
 }
 
 }  // namespace
