@@ -334,7 +334,8 @@ std::map<std::string, std::pair<RemoteObject, ObjectFacts>> decode_facts(const s
     for (std::size_t b = 0; b < 4; ++b)
       if (!parse_hex64(o["blocks"][b], f.blocks[b])) throw malformed();
     if (!parse_hex64(o["full"], f.full)) throw malformed();
-    out.emplace(fact_key(kind, r), std::pair{std::move(r), f});
+    std::string key = fact_key(kind, r);  // before `r` is moved
+    out.emplace(std::move(key), std::pair{std::move(r), f});
     ++i;
   }
   return out;
