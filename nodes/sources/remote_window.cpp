@@ -229,8 +229,8 @@ RemoteWindow::Copy RemoteWindow::open(std::size_t k) {
       continue;
     }
     // Not held and no one downloads it: this read fetches it, once there is room.
-    claim_waiting(k, lock);
-    if (s.map || s.fetching) {  // another thread got to it while this one waited
+    if (!claim_waiting(k, lock)) continue;  // another thread took it meanwhile
+    if (s.map || s.fetching || s.error) {   // (claim_waiting's last check saw it not taken)
       budget_->release(id_, objects_[k].size);
       continue;
     }
@@ -278,9 +278,11 @@ void RemoteWindow::shed_locked() {
   }
 }
 
-void RemoteWindow::claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lock) {
+bool RemoteWindow::claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lock) {
   std::optional<std::chrono::steady_clock::time_point> deadline;
   while (!claim(objects_[k].size)) {
+    // A background download took the file meanwhile (or finished it): nothing to claim.
+    if (slots_[k].map || slots_[k].fetching || slots_[k].error) return false;
     const bool own =
         std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.fetching; });
     if (!own) {
@@ -289,7 +291,8 @@ void RemoteWindow::claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lo
       lock.unlock();
       budget_->reclaim(id_);
       lock.lock();
-      if (claim(objects_[k].size)) return;
+      if (slots_[k].map || slots_[k].fetching || slots_[k].error) return false;
+      if (claim(objects_[k].size)) return true;
       const auto now = std::chrono::steady_clock::now();
       if (!deadline) {
         deadline = now + remote_.timeout;
@@ -302,6 +305,7 @@ void RemoteWindow::claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lo
     }
     changed_.wait_for(lock, std::chrono::milliseconds(20));
   }
+  return true;
 }
 
 void RemoteWindow::fetch(std::size_t k, std::unique_lock<std::mutex>& lock) {

@@ -166,10 +166,11 @@ class RemoteWindow {
   /// Under mu_ and the budget's lock: unpins copies outside the look-ahead, least recently
   /// read first, while this window holds more than its reservation (another window needs it).
   void shed_locked();
-  /// Under mu_ (held by `lock`): waits until claim(bytes) succeeds, asking the other windows
-  /// of the process for the bytes they hold beyond their reservations; a DataError naming the
-  /// object when other windows hold the room past the remote timeout.
-  void claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lock);
+  /// Under mu_ (held by `lock`): waits until claim() of object `k`'s bytes succeeds (true),
+  /// asking the other windows of the process for the bytes they hold beyond their
+  /// reservations, or another thread takes or publishes slot `k` (false: nothing claimed); a
+  /// DataError naming the object when other windows hold the room past the remote timeout.
+  bool claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lock);
   /// Fetches and maps slot `k` (claimed: fetching set, its bytes counted) without holding
   /// mu_, then publishes it; a failure is stored in the slot and rethrown.
   void fetch(std::size_t k, std::unique_lock<std::mutex>& lock);
