@@ -256,6 +256,19 @@ void FileSource::add_remote_file(const std::string& url, std::uint64_t bytes,
   first_.push_back(total_);
 }
 
+void FileSource::add_remote_file(const std::string& url, std::uint64_t bytes,
+                                 const std::string& etag, std::uint64_t records,
+                                 const std::array<std::uint64_t, kIdentityBlocks>& blocks,
+                                 std::uint64_t full) {
+  files_.push_back(url);
+  FileIdentity id{.name = url, .bytes = bytes, .items = records, .blocks = blocks};
+  if (verify_ == FileVerify::kFull) id.full = full;
+  if (!etag.empty()) id.etag = etag;
+  identity_->files.push_back(std::move(id));
+  total_ += records;
+  first_.push_back(total_);
+}
+
 Ref FileSource::at(std::uint64_t epoch, std::uint64_t i) const {
   if (view_ && epoch == view_->epoch) [[unlikely]]
     return position_at(i);

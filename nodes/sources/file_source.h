@@ -323,6 +323,14 @@ class FileSource : public StatefulSpineNode<FileSourceState>, public RecordStore
   /// `verify: full` hashes nothing more.
   void add_remote_file(const std::string& url, std::uint64_t bytes, const std::string& etag,
                        std::uint64_t records);
+  /// Appends the next file, a remote object opened lazily whose bytes were read once (the
+  /// job's object facts, nodes/sources/remote_listing.h): its identity is the one add_file
+  /// records for a cached copy — the sampled `blocks` of its bytes, the ETag, no stat, and
+  /// under FileVerify::kFull the whole-content hash `full`.
+  void add_remote_file(const std::string& url, std::uint64_t bytes, const std::string& etag,
+                       std::uint64_t records,
+                       const std::array<std::uint64_t, kIdentityBlocks>& blocks,
+                       std::uint64_t full);
   /// The spine started epoch `epoch` (start_epoch; not on a restore): a source that reads
   /// ahead learns its reads start over. Records of the epoch before may still be read after.
   virtual void epoch_started(std::uint64_t /*epoch*/) {}

@@ -17,6 +17,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/core/rng.h"
 #include "flowstate/nodes/sources/index_cache.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 
 namespace flowstate {
 namespace {
@@ -254,8 +255,45 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
   // Which lines are records depends on skip_empty, so it is part of the index's kind.
   // lines/2: entries carry kCrBit.
   const std::string kind = options_.skip_empty ? "lines/2 skip_empty" : "lines/2";
-  const SourceRemote remote = source_remote("lines", options_);
-  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir, &remote)) {
+  const SourceRemote settings = source_remote("lines", options_);
+  const std::vector<SourceFile> files =
+      list_source_files(options_.paths, options_.base_dir, &settings);
+  std::vector<RemoteObject> remote;
+  for (const auto& file : files)
+    if (file.remote) remote.push_back(*file.remote);
+  std::vector<ObjectFacts> facts;
+  if (!remote.empty()) {
+    expected_ = std::vector<std::atomic<std::uint64_t>>(remote.size());
+    for (auto& e : expected_) e.store(kUnknown);
+    window_ = std::make_unique<RemoteWindow>(
+        remote, options_.lookahead, resolve_cache_settings(&settings),
+        resolve_remote_settings(&settings),
+        [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); });
+    facts = job_object_facts(kind, remote, [&](const std::vector<std::size_t>& missing) {
+      // Each file read once, in order (the window downloads ahead meanwhile), and let go.
+      std::vector<ObjectFacts> out;
+      for (const std::size_t k : missing) {
+        const RemoteWindow::Copy copy = window_->open(k);
+        const auto* starts = static_cast<const std::vector<std::uint64_t>*>(copy.prepared.get());
+        const FileIdentity id = file_identity(remote[k].url, *copy.map, starts->size(), true);
+        out.push_back({.items = id.items, .blocks = id.blocks, .full = *id.full});
+      }
+      window_->rewind();
+      return out;
+    });
+    for (std::size_t k = 0; k < facts.size(); ++k) expected_[k].store(facts[k].items);
+  }
+  std::size_t r = 0;
+  for (const auto& file : files) {
+    if (file.remote) {
+      const RemoteObject& o = *file.remote;
+      add_remote_file(o.url, o.size, o.etag, facts[r].items, facts[r].blocks, facts[r].full);
+      starts_.emplace_back();
+      maps_.push_back(nullptr);
+      remote_.push_back(r++);
+      continue;
+    }
+    const ExpandedPath& named = file.local;
     const std::string& f = named.path;
     auto m = std::make_shared<const MappedFile>(f);
     auto index = load_index<std::uint64_t>(
@@ -264,39 +302,70 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
     add_file(named, *m, index.entries.size());
     starts_.push_back(std::move(index.entries));
     maps_.push_back(std::move(m));
+    remote_.push_back(0);
   }
 }
 
+std::shared_ptr<const std::vector<std::uint64_t>> LinesSource::prepare_remote(
+    std::size_t k, const MappedFile& copy) const {
+  // In memory only: no .fsidx beside a copy, so the cache directory holds copies alone.
+  auto starts =
+      std::make_shared<std::vector<std::uint64_t>>(scan_lines(copy, options_.skip_empty).entries);
+  const std::uint64_t want = expected_[k].load();
+  if (want != kUnknown && starts->size() != want) {
+    const RemoteObject& o = window_->objects()[k];
+    throw DataError(o.url, DataError::kNoOffset,
+                    "'" + o.url + "' holds " + std::to_string(starts->size()) + " lines, not the " +
+                        std::to_string(want) + " the job counted when it first read it (ETag " +
+                        o.etag + ")");
+  }
+  return starts;
+}
+
+void LinesSource::epoch_started(std::uint64_t /*epoch*/) {
+  if (window_) window_->new_pass();
+}
+
+LinesSource::Text LinesSource::text(std::size_t k) const {
+  if (const MappedFile* m = maps_[k].get()) [[likely]]
+    return {m->data(), m->size(), &starts_[k]};
+  const RemoteWindow::Held held = window_->read(remote_[k]);
+  return {held.data, window_->objects()[remote_[k]].size,
+          static_cast<const std::vector<std::uint64_t>*>(held.prepared)};
+}
+
 std::span<const std::byte> LinesSource::line(std::size_t k, std::uint64_t begin) const {
-  const MappedFile& m = *maps_[k];
-  const void* nl = std::memchr(m.data() + begin, '\n', m.size() - begin);
-  std::size_t end = nl != nullptr ? static_cast<const std::byte*>(nl) - m.data() : m.size();
-  if (end > begin && m.data()[end - 1] == std::byte{'\r'}) --end;
-  return {m.data() + begin, end - begin};
+  const Text t = text(k);
+  const void* nl = std::memchr(t.data + begin, '\n', t.size - begin);
+  std::size_t end = nl != nullptr ? static_cast<const std::byte*>(nl) - t.data : t.size;
+  if (end > begin && t.data[end - 1] == std::byte{'\r'}) --end;
+  return {t.data + begin, end - begin};
 }
 
 std::span<const std::byte> LinesSource::record(const Ref& ref) const {
-  const std::vector<std::uint64_t>& starts = starts_[ref.shard];
   const std::uint64_t i = local(ref);
+  const Text t = text(ref.shard);
+  const std::vector<std::uint64_t>& starts = *t.starts;
   const std::uint64_t begin = start_of(starts[i]);
   if (!options_.skip_empty && i + 1 < starts.size()) {
     // Every line is a record: this one ends at the newline before the next one's start, and
     // before a '\r' the index marked — no byte of the text is read.
     const std::uint64_t end = start_of(starts[i + 1]) - 1 - ((starts[i] & kCrBit) != 0 ? 1 : 0);
-    return {maps_[ref.shard]->data() + begin, end - begin};
+    return {t.data + begin, end - begin};
   }
   return line(ref.shard, begin);
 }
 
 std::optional<RecordView> LinesSource::view(const Ref& ref, FieldId field) const {
   if (options_.format == LinesFormat::kJsonl || field != field_) return std::nullopt;
+  if (ref.shard < maps_.size() && !maps_[ref.shard]) return std::nullopt;  // remote
   return RecordView{DType::kUInt8, record(ref)};
 }
 
 void LinesSource::read(const Ref& ref, Sample& sample) const {
-  const std::uint64_t offset = start_of(starts_[ref.shard][local(ref)]);
   const std::size_t k = ref.shard;
   const std::span<const std::byte> bytes = record(ref);
+  const std::uint64_t offset = start_of((*text(k).starts)[local(ref)]);
   sample.ref = ref;
   if (options_.format == LinesFormat::kJsonl)
     read_json(k, offset, bytes, sample);
@@ -348,7 +417,7 @@ void LinesSource::read_json(std::size_t k, std::uint64_t offset, std::span<const
 
 std::uint64_t LinesSource::line_number(std::size_t k, std::uint64_t offset) const {
   // Only errors need it, so it is counted rather than indexed.
-  const std::byte* data = maps_[k]->data();
+  const std::byte* data = text(k).data;
   return 1 + static_cast<std::uint64_t>(std::count(data, data + offset, std::byte{'\n'}));
 }
 
@@ -359,7 +428,8 @@ void LinesSource::fail(std::size_t k, std::uint64_t offset, const std::string& w
 }
 
 void LinesSource::fail_record(const Ref& ref, const std::string& what) const {
-  fail(ref.shard, start_of(starts_[ref.shard][local(ref)]), what);
+  const std::uint64_t i = local(ref);
+  fail(ref.shard, start_of((*text(ref.shard).starts)[i]), what);
 }
 
 // ---- writing ----

@@ -31,6 +31,7 @@
 //   append_jsonl_tokens(text, 42, tokens);  // {"id": 42, "tokens": [5, 7]}
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -42,6 +43,7 @@
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
 #include "flowstate/nodes/sources/remote_options.h"
+#include "flowstate/nodes/sources/remote_window.h"
 
 namespace flowstate {
 
@@ -69,6 +71,8 @@ struct LinesOptions {
   std::vector<std::string> json_fields;      ///< jsonl: top-level keys to read, each a field
   std::filesystem::path base_dir;            ///< relative paths resolve against it; not described
   FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
+  /// Remote files held ahead of the reads (see RemoteWindow; free).
+  std::size_t lookahead = kDefaultLookahead;
 
   CacheOptions cache;    ///< the local cache of remote files (free)
   RemoteOptions remote;  ///< how remote files are reached (free)
@@ -86,6 +90,11 @@ struct LinesOptions {
               {.doc = "jsonl: top-level keys read into fields of the same name",
                .default_doc = "none: the whole line in `field`"}),
         verify_param<O>(),
+        param("lookahead", &O::lookahead,
+              {.min = 1,
+               .free = true,
+               .doc = kLookaheadDoc,
+               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
         cache_param<O>(),
         remote_param<O>(),
     };
@@ -97,27 +106,47 @@ struct LinesOptions {
 /// The `lines` source's definition.
 const NodeDef& lines_node();
 
-/// The `lines` source. Opening maps every file and loads (or builds and caches) its index: an
-/// empty match or an unreadable file is a DataError naming the path; options that do not fit
-/// together are a ConfigError. Reading is thread-safe.
+/// The `lines` source. Opening maps every local file and loads (or builds and caches) its
+/// index: an empty match or an unreadable file is a DataError naming the path; options that
+/// do not fit together are a ConfigError. Remote files (`s3://`, `http(s)://`) are numbered
+/// from the job's object facts (nodes/sources/remote_listing.h; at the job's first build each
+/// is read once, through the window, to count its lines) and read through a RemoteWindow,
+/// their line index made in memory each time the window fetches a copy. Reading is
+/// thread-safe.
 class LinesSource final : public FileSource {
  public:
   LinesSource(std::string name, LinesOptions options, std::uint32_t source_id = 0);
 
   /// 0: lines vary in size.
   std::size_t record_bytes() const override { return 0; }
-  /// The line's bytes, without its newline or '\r'; valid while the source lives. Throws
+  /// The line's bytes, without its newline or '\r'; valid while the source lives (a remote
+  /// file's: on the calling thread until its next read of another remote file). Throws
   /// DataError for a Ref that is not one of this source's.
   std::span<const std::byte> record(const Ref& ref) const override;
   /// Reads the line into `sample` as the format says; throws DataError (see above).
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
-  /// Plain text: the line's bytes where they lie in the mapped file (JSON Lines: none).
+  /// Plain text: the line's bytes where they lie in the mapped file (JSON Lines, a remote
+  /// file: none).
   std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
   /// "'FILE' line L (byte B): what".
   [[noreturn]] void fail_record(const Ref& ref, const std::string& what) const override;
 
+ protected:
+  void epoch_started(std::uint64_t epoch) override;
+
  private:
+  /// File k's bytes and line index (a remote file's: valid as record()'s bytes are).
+  struct Text {
+    const std::byte* data;
+    std::uint64_t size;
+    const std::vector<std::uint64_t>* starts;
+  };
+  Text text(std::size_t k) const;
+  /// The line index of remote file `k` (in window_) from its copy: a DataError naming the URL
+  /// for a count other than the job's facts say.
+  std::shared_ptr<const std::vector<std::uint64_t>> prepare_remote(std::size_t k,
+                                                                   const MappedFile& copy) const;
   /// The line starting at byte `begin` of file k, without its newline or '\r'.
   std::span<const std::byte> line(std::size_t k, std::uint64_t begin) const;
   /// The 1-based number of the line starting at `offset` of file k (counts newlines).
@@ -130,10 +159,16 @@ class LinesSource final : public FileSource {
 
   LinesOptions options_;
   FieldId field_;
-  std::vector<FieldId> json_ids_;  ///< the ids of options_.json_fields
-  std::vector<std::shared_ptr<const MappedFile>> maps_;
-  /// Per file: byte offset of each record, the top bit set when its line ends with "\r\n".
+  std::vector<FieldId> json_ids_;                        ///< the ids of options_.json_fields
+  std::vector<std::shared_ptr<const MappedFile>> maps_;  ///< null for a remote file
+  /// Per file: byte offset of each record, the top bit set when its line ends with "\r\n"
+  /// (a remote file's: empty; the window keeps it with the copy).
   std::vector<std::vector<std::uint64_t>> starts_;
+  std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
+  /// Per remote object its lines as the job's facts say (kUnknown until they are known).
+  std::vector<std::atomic<std::uint64_t>> expected_;
+  static constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
+  std::unique_ptr<RemoteWindow> window_;  ///< the remote files; null when there are none
 };
 
 /// How append_line ends a line.

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +20,8 @@ namespace flowstate {
 namespace {
 
 thread_local const ListingContext* t_context = nullptr;
+thread_local std::uint64_t t_build = 0;
+std::atomic<std::uint64_t> g_builds{1};
 
 constexpr int kListingFormat = 1;
 /// A saved listing larger than this is not one (a million objects take about 150 MB).
@@ -123,11 +127,19 @@ std::string error_message(char kind, const std::exception& e) {
 }  // namespace
 
 ListingScope::ListingScope(ListingContext context)
-    : context_(std::move(context)), previous_(t_context) {
+    : context_(std::move(context)), previous_(t_context), previous_build_(t_build) {
   t_context = &context_;
+  t_build = g_builds.fetch_add(1);
 }
 
-ListingScope::~ListingScope() { t_context = previous_; }
+ListingScope::~ListingScope() {
+  t_context = previous_;
+  t_build = previous_build_;
+}
+
+BuildTag current_build() {
+  return {.loader = t_context != nullptr ? t_context->memo.get() : nullptr, .build = t_build};
+}
 
 const ListingContext* current_listing_context() { return t_context; }
 
@@ -246,6 +258,214 @@ std::vector<RemoteObject> job_listing(const std::string& pattern, const RemoteSe
     ctx->memo->listings.emplace(key, objects);
   }
   return objects;
+}
+
+// ---- object facts ----
+
+namespace {
+
+constexpr int kFactsFormat = 1;
+
+std::string fact_key(const std::string& kind, const RemoteObject& o) {
+  return kind + "\n" + o.url + "\n" + o.etag + "\n" + std::to_string(o.size);
+}
+
+/// Facts as saved and as rank 0 sends them: {format, kind, objects: [{url, size, etag, items,
+/// blocks: [4 hex], full: hex}]}.
+std::string encode_facts(const std::string& kind,
+                         const std::vector<std::pair<RemoteObject, ObjectFacts>>& entries) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [o, f] : entries) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (auto b : f.blocks) blocks.push_back(hex64(b));
+    list.push_back({{"url", o.url},
+                    {"size", o.size},
+                    {"etag", o.etag},
+                    {"items", f.items},
+                    {"blocks", std::move(blocks)},
+                    {"full", hex64(f.full)}});
+  }
+  const nlohmann::json j = {{"format", kFactsFormat}, {"kind", kind}, {"objects", std::move(list)}};
+  return j.dump(1) + "\n";
+}
+
+bool parse_hex64(const nlohmann::json& v, std::uint64_t& out) {
+  if (!v.is_string()) return false;
+  const std::string s = v.get<std::string>();
+  if (s.empty() || s.size() > 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return false;
+  out = std::stoull(s, nullptr, 16);
+  return true;
+}
+
+/// The entries of a text encode_facts wrote for `kind`, by fact_key (with the RemoteObject's
+/// url, size and etag). Throws CheckpointError naming `file` when it is not one.
+std::map<std::string, std::pair<RemoteObject, ObjectFacts>> decode_facts(const std::string& text,
+                                                                         const std::string& kind,
+                                                                         const std::string& file) {
+  auto bad = [&](const std::string& why) {
+    return CheckpointError(
+        file, "the object facts '" + file + "' " + why + "; remove it to read the objects again");
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw bad("are not JSON (byte " + std::to_string(e.byte) + ")");
+  }
+  if (!j.is_object() || j.value("format", 0) != kFactsFormat)
+    throw bad("are not object facts of format " + std::to_string(kFactsFormat));
+  if (!j.contains("kind") || j["kind"] != kind)
+    throw bad("are of another kind than '" + kind + "'");
+  if (!j.contains("objects") || !j["objects"].is_array()) throw bad("hold no objects");
+  std::map<std::string, std::pair<RemoteObject, ObjectFacts>> out;
+  std::size_t i = 0;
+  for (const auto& o : j["objects"]) {
+    const auto malformed = [&] {
+      return bad("have a malformed object (number " + std::to_string(i) + ")");
+    };
+    if (!o.is_object() || !o.contains("url") || !o["url"].is_string() || !o.contains("size") ||
+        !o["size"].is_number_unsigned() || !o.contains("etag") || !o["etag"].is_string() ||
+        !o.contains("items") || !o["items"].is_number_unsigned() || !o.contains("blocks") ||
+        !o["blocks"].is_array() || o["blocks"].size() != 4 || !o.contains("full"))
+      throw malformed();
+    RemoteObject r{.url = o["url"].get<std::string>(),
+                   .size = o["size"].get<std::uint64_t>(),
+                   .etag = o["etag"].get<std::string>()};
+    ObjectFacts f{.items = o["items"].get<std::uint64_t>()};
+    for (std::size_t b = 0; b < 4; ++b)
+      if (!parse_hex64(o["blocks"][b], f.blocks[b])) throw malformed();
+    if (!parse_hex64(o["full"], f.full)) throw malformed();
+    std::string key = fact_key(kind, r);  // before `r` is moved
+    out.emplace(std::move(key), std::pair{std::move(r), f});
+    ++i;
+  }
+  return out;
+}
+
+/// Serialises the read-merge-write of facts files within this process.
+std::mutex g_facts_file_mu;
+
+/// This process's facts (rank 0's, or a process's on its own): saved ones, then `compute` for
+/// the rest, saved.
+std::vector<ObjectFacts> facts_here(
+    const ListingContext* ctx, const std::string& kind, const std::vector<RemoteObject>& objects,
+    const std::vector<std::optional<ObjectFacts>>& known,
+    const std::function<std::vector<ObjectFacts>(const std::vector<std::size_t>&)>& compute) {
+  const bool saving = ctx != nullptr && !ctx->dir.empty();
+  const std::filesystem::path file = saving ? facts_file(ctx->dir, kind) : std::filesystem::path{};
+  std::map<std::string, std::pair<RemoteObject, ObjectFacts>> saved;
+  auto read_file = [&] {
+    std::error_code ec;
+    if (!saving || !std::filesystem::exists(file, ec)) return;
+    const std::uintmax_t size = std::filesystem::file_size(file, ec);
+    if (ec || size > kMaxListingBytes)
+      throw CheckpointError(file.string(), "cannot read the object facts '" + file.string() +
+                                               "': " + (ec ? ec.message() : "larger than 1 GiB"));
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    saved = decode_facts(text.str(), kind, file.string());
+  };
+  {
+    std::lock_guard lock(g_facts_file_mu);
+    read_file();
+  }
+  std::vector<ObjectFacts> out(objects.size());
+  std::vector<std::size_t> missing;
+  for (std::size_t i = 0; i < objects.size(); ++i) {
+    if (known[i]) {
+      out[i] = *known[i];
+    } else if (auto it = saved.find(fact_key(kind, objects[i])); it != saved.end()) {
+      out[i] = it->second.second;
+    } else {
+      missing.push_back(i);
+    }
+  }
+  if (missing.empty()) return out;
+  const std::vector<ObjectFacts> computed = compute(missing);
+  for (std::size_t j = 0; j < missing.size(); ++j) out[missing[j]] = computed.at(j);
+  if (saving) {
+    // Merged into what the file holds now (another source of the job may have added to it).
+    std::lock_guard lock(g_facts_file_mu);
+    read_file();
+    for (std::size_t j = 0; j < missing.size(); ++j)
+      saved[fact_key(kind, objects[missing[j]])] = {objects[missing[j]], computed[j]};
+    std::vector<std::pair<RemoteObject, ObjectFacts>> entries;
+    entries.reserve(saved.size());
+    for (auto& [key, entry] : saved) entries.push_back(entry);
+    save_durably(file, encode_facts(kind, entries));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::filesystem::path facts_file(const std::filesystem::path& dir, const std::string& kind) {
+  return dir / kListingsDir / ("facts-" + hex64(hash64(kind)) + ".json");
+}
+
+std::vector<ObjectFacts> job_object_facts(
+    const std::string& kind, const std::vector<RemoteObject>& objects,
+    const std::function<std::vector<ObjectFacts>(const std::vector<std::size_t>&)>& compute) {
+  const ListingContext* ctx = t_context;
+  std::vector<std::optional<ObjectFacts>> known(objects.size());
+  bool all_known = true;
+  if (ctx != nullptr && ctx->memo) {
+    std::lock_guard lock(ctx->memo->mu);
+    for (std::size_t i = 0; i < objects.size(); ++i)
+      if (auto it = ctx->memo->facts.find(fact_key(kind, objects[i])); it != ctx->memo->facts.end())
+        known[i] = it->second;
+  }
+  for (const auto& k : known) all_known = all_known && k.has_value();
+  std::vector<ObjectFacts> out(objects.size());
+  if (all_known) {
+    // Every rank's memo holds the same facts (each got them from the same collective).
+    for (std::size_t i = 0; i < objects.size(); ++i) out[i] = *known[i];
+    return out;
+  }
+  const std::string shown = objects.empty() ? kind : objects.front().url;
+  Coordinator* coordinator = ctx != nullptr ? ctx->coordinator : nullptr;
+  if (coordinator == nullptr || coordinator->world() <= 1) {
+    out = facts_here(ctx, kind, objects, known, compute);
+  } else if (coordinator->rank() == 0) {
+    std::string message;
+    std::exception_ptr error;
+    try {
+      out = facts_here(ctx, kind, objects, known, compute);
+      std::vector<std::pair<RemoteObject, ObjectFacts>> entries;
+      for (std::size_t i = 0; i < objects.size(); ++i) entries.emplace_back(objects[i], out[i]);
+      message = "L" + encode_facts(kind, entries);
+    } catch (const DataError& e) {
+      message = error_message('D', e), error = std::current_exception();
+    } catch (const ConfigError& e) {
+      message = error_message('C', e), error = std::current_exception();
+    } catch (const CheckpointError& e) {
+      message = error_message('K', e), error = std::current_exception();
+    } catch (const std::exception& e) {
+      message = error_message('E', e), error = std::current_exception();
+    }
+    coordinator->all_gather(message);
+    if (error) std::rethrow_exception(error);
+  } else {
+    const std::vector<std::string> all = coordinator->all_gather("");
+    const std::string& from0 = all.at(0);
+    if (from0.empty() || from0[0] != 'L') throw_rank0_error(from0.empty() ? "E" : from0, shown);
+    const auto got = decode_facts(from0.substr(1), kind, "rank 0's object facts");
+    for (std::size_t i = 0; i < objects.size(); ++i) {
+      const auto it = got.find(fact_key(kind, objects[i]));
+      if (it == got.end())
+        throw CheckpointError(objects[i].url, "rank 0's object facts lack '" + objects[i].url +
+                                                  "': the ranks listed other objects");
+      out[i] = it->second.second;
+    }
+  }
+  if (ctx != nullptr && ctx->memo) {
+    std::lock_guard lock(ctx->memo->mu);
+    for (std::size_t i = 0; i < objects.size(); ++i)
+      ctx->memo->facts.emplace(fact_key(kind, objects[i]), out[i]);
+  }
+  return out;
 }
 
 }  // namespace flowstate

@@ -13,8 +13,10 @@
 // and the GET URL is made again from the settings in force (another endpoint, a proxy).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +31,17 @@ namespace flowstate {
 /// The directory under a checkpoint directory that holds its saved listings.
 inline constexpr const char* kListingsDir = "listings";
 
+/// What reading a remote object whole once told a source that numbers its records from its
+/// bytes (`tar`, `lines`): its record count as that source counts them, and the identity a
+/// local file's bytes would give (nodes/sources/file_source.h's sampled blocks under the URL,
+/// and the whole-content hash). With them, a build needs no byte of the object.
+struct ObjectFacts {
+  std::uint64_t items = 0;                ///< records, as `kind` counts them
+  std::array<std::uint64_t, 4> blocks{};  ///< XXH3-64 of the identity's sampled blocks
+  std::uint64_t full = 0;                 ///< XXH3-64 of the whole object
+  bool operator==(const ObjectFacts&) const = default;
+};
+
 /// The listings one Loader made, by pattern: a rebuild of its sources (a restore into a
 /// running loader) does not list again. Thread-safe.
 struct ListingMemo {
@@ -36,6 +49,8 @@ struct ListingMemo {
   std::map<std::string, std::vector<RemoteObject>> listings;  ///< by redacted pattern
   /// Listings made afresh (ListingContext::reuse false) and not saved yet: (file, text).
   std::vector<std::pair<std::filesystem::path, std::string>> pending;
+  /// Object facts made or read (job_object_facts), by kind, URL, ETag and size.
+  std::map<std::string, ObjectFacts> facts;
 };
 
 /// Saves the memo's pending listings (durably, each replacing the one saved before) and
@@ -82,7 +97,35 @@ class ListingScope {
  private:
   ListingContext context_;
   const ListingContext* previous_;
+  std::uint64_t previous_build_;
 };
+
+/// Which build the calling thread opens sources for: the Loader (its memo; null outside a
+/// Loader's ListingScope) and a number unique to the innermost ListingScope (0 outside any).
+/// A Loader opens each runtime under a scope of its own, so the look-ahead windows of a runtime
+/// that a rebuild replaces tell themselves from the new runtime's (remote_window.h).
+struct BuildTag {
+  const void* loader = nullptr;
+  std::uint64_t build = 0;
+};
+/// The calling thread's BuildTag.
+BuildTag current_build();
+
+/// The facts of each of `objects` under `kind` (what the count depends on, e.g. "tar/1
+/// fields=jpg,cls on_missing=error"), made once per job under the calling thread's
+/// ListingContext, as job_listing makes listings: from the memo; else on rank 0 (or a process
+/// on its own) from the saved `listings/facts-<16 hex of kind>.json` for the objects it holds
+/// (an entry counts only for the same URL, size and ETag) and `compute` for the others — the
+/// indices into `objects` it must read, answered in that order — saving them there; on the
+/// other ranks from rank 0's answer (an error rank 0 met is thrown on every rank). Throws
+/// what `compute` throws; CheckpointError naming a saved file that is not one.
+std::vector<ObjectFacts> job_object_facts(
+    const std::string& kind, const std::vector<RemoteObject>& objects,
+    const std::function<std::vector<ObjectFacts>(const std::vector<std::size_t>&)>& compute);
+
+/// The file under `dir` that holds the saved facts of `kind`:
+/// `dir/listings/facts-<XXH3-64 of kind, 16 hex>.json`.
+std::filesystem::path facts_file(const std::filesystem::path& dir, const std::string& kind);
 
 /// The objects `pattern` names, made once per job under the calling thread's ListingContext:
 /// from the memo; else on rank 0 (or a process on its own) from the saved listing (with

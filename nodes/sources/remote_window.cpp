@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "flowstate/core/error.h"
@@ -22,6 +24,7 @@ struct HeldMapping {
   std::uint64_t window = 0;
   std::size_t k = 0;
   std::shared_ptr<const MappedFile> map;
+  std::shared_ptr<const void> prepared;
 };
 thread_local HeldMapping t_held;
 
@@ -46,16 +49,79 @@ std::vector<SourceFile> list_source_files(const std::vector<std::string>& patter
   return out;
 }
 
-RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookahead)
-    : RemoteWindow(std::move(objects), lookahead, CacheSettings::from_environment(),
-                   RemoteSettings::from_environment()) {}
+/// The budget of the look-ahead windows of this process that read one cache directory (see
+/// the file comment of remote_window.h). Lock order: a window's mu_, then this mu; reclaim()
+/// holds this mu and only tries windows' locks.
+struct WindowBudget {
+  struct Member {
+    RemoteWindow* window = nullptr;
+    std::uint64_t reserve = 0;  ///< the window's look-ahead and one copy more
+    std::uint64_t held = 0;     ///< bytes of its copies pinned or downloading
+    BuildTag tag;
+  };
+  std::mutex mu;
+  std::map<std::uint64_t, Member> members;  ///< by window id
+
+  /// Counts `bytes` more as held by window `id` when every window's reservation still fits
+  /// `limit` (a window's share is the larger of what it holds and what it reserved).
+  bool admit(std::uint64_t id, std::uint64_t bytes, std::uint64_t limit) {
+    std::lock_guard lock(mu);
+    std::uint64_t committed = 0;
+    for (const auto& [other, m] : members)
+      committed += other == id ? std::max(m.held + bytes, m.reserve) : std::max(m.held, m.reserve);
+    if (committed > limit) return false;
+    members.at(id).held += bytes;
+    return true;
+  }
+  void release(std::uint64_t id, std::uint64_t bytes) {
+    std::lock_guard lock(mu);
+    Member& m = members.at(id);
+    m.held -= std::min(m.held, bytes);
+  }
+  /// Asks the windows other than `id` that hold more than their reservation to unpin what
+  /// they can of it (those whose lock is free now; the caller tries again later).
+  void reclaim(std::uint64_t id) {
+    std::lock_guard lock(mu);
+    for (auto& [other, m] : members) {
+      if (other == id || m.held <= m.reserve) continue;
+      if (!m.window->mu_.try_lock()) continue;
+      m.window->shed_locked();
+      m.window->mu_.unlock();
+    }
+  }
+};
+
+namespace {
+
+std::mutex g_budgets_mu;
+std::map<std::string, std::weak_ptr<WindowBudget>> g_budgets;
+
+/// The budget of the cache directory `dir`, made when no window holds it.
+std::shared_ptr<WindowBudget> budget_of(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::path key = std::filesystem::absolute(dir, ec);
+  if (ec) key = dir;
+  std::lock_guard lock(g_budgets_mu);
+  auto& weak = g_budgets[key.lexically_normal().string()];
+  auto budget = weak.lock();
+  if (!budget) weak = budget = std::make_shared<WindowBudget>();
+  return budget;
+}
+
+}  // namespace
 
 RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookahead,
-                           CacheSettings cache, RemoteSettings remote)
+                           Prepare prepare)
+    : RemoteWindow(std::move(objects), lookahead, CacheSettings::from_environment(),
+                   RemoteSettings::from_environment(), std::move(prepare)) {}
+
+RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookahead,
+                           CacheSettings cache, RemoteSettings remote, Prepare prepare)
     : objects_(std::move(objects)),
       lookahead_(std::max<std::size_t>(1, lookahead)),
       remote_(std::move(remote)),
       cache_(std::move(cache)),
+      prepare_(std::move(prepare)),
       id_(g_window_ids.fetch_add(1)),
       slots_(objects_.size()),
       ready_(objects_.size()) {
@@ -67,9 +133,6 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
   std::uint64_t need = 0;
   for (std::size_t i = 0; i < held; ++i) need += sizes[i];
   const std::uint64_t limit = cache_.settings().limit;
-  std::uint64_t total = 0;
-  for (const auto size : sizes) total += size;
-  all_fit_ = total <= limit;
   if (need > limit)
     throw ConfigError(cache_.settings().limit_key,
                       "the cache limit " + bytes_text(limit) + " is smaller than the " +
@@ -78,6 +141,40 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
                           std::to_string(lookahead_) + " files ahead of the one read, of " +
                           std::to_string(objects_.size()) + "); raise " +
                           cache_.settings().limit_key + " or lower the source's lookahead");
+  std::uint64_t total = 0;
+  for (const auto size : sizes) total += size;
+  reservation_ = need;
+  // The other windows of this process over the same cache reserve their share of the limit
+  // too — but not those of a runtime this build replaces (same Loader, another build).
+  budget_ = budget_of(cache_.settings().dir);
+  {
+    std::lock_guard lock(budget_->mu);
+    const BuildTag tag = current_build();
+    std::uint64_t others = 0;
+    std::size_t count = 0;
+    for (const auto& [other, m] : budget_->members) {
+      if (m.tag.loader != nullptr && m.tag.loader == tag.loader && m.tag.build != tag.build)
+        continue;
+      others += m.reserve;
+      ++count;
+    }
+    if (others + need > limit)
+      throw ConfigError(
+          cache_.settings().limit_key,
+          "the cache limit " + bytes_text(limit) + " of '" + cache_.settings().dir.string() +
+              "' is smaller than the " + bytes_text(others + need) + " the look-ahead windows of " +
+              std::to_string(count + 1) + " remote sources of this process reserve together (" +
+              bytes_text(need) + " for this one's lookahead of " + std::to_string(lookahead_) +
+              " files and one more, " + bytes_text(others) + " for " + std::to_string(count) +
+              " other" + (count == 1 ? "" : "s") + "); raise " + cache_.settings().limit_key +
+              " or lower the sources' lookahead");
+    // All of the source fits beside the others: reserve it all, and never unpin.
+    if (others + total <= limit) {
+      all_fit_ = true;
+      reservation_ = total;
+    }
+    budget_->members[id_] = {.window = this, .reserve = reservation_, .held = 0, .tag = tag};
+  }
   const std::size_t downloaders =
       std::min<std::size_t>(lookahead_, static_cast<std::size_t>(std::max(1, remote_.connections)));
   for (std::size_t i = 0; i < downloaders; ++i)
@@ -91,6 +188,8 @@ RemoteWindow::~RemoteWindow() {
   }
   work_.notify_all();
   for (auto& t : downloaders_) t.join();
+  std::lock_guard lock(budget_->mu);  // no reclaim() reaches this window after this
+  budget_->members.erase(id_);
 }
 
 void RemoteWindow::new_pass() {
@@ -98,28 +197,36 @@ void RemoteWindow::new_pass() {
   new_pass_ = true;
 }
 
+void RemoteWindow::rewind() {
+  std::lock_guard lock(mu_);
+  front_ = 0;
+  new_pass_ = false;
+  started_ = false;  // the look-ahead downloads again from the next read on
+}
+
 std::uint64_t RemoteWindow::fetches() const {
   std::lock_guard lock(mu_);
   return fetches_;
 }
 
-const std::byte* RemoteWindow::data(std::size_t k) {
+RemoteWindow::Held RemoteWindow::read(std::size_t k) {
   if (t_held.window == id_ && t_held.k == k) [[likely]]
-    return t_held.map->data();
+    return {t_held.map->data(), t_held.prepared.get()};
   if (all_fit_) {
-    // Never unpinned: the mapping lives as long as the window.
-    if (const std::byte* bytes = ready_[k].load(std::memory_order_acquire)) [[likely]]
-      return bytes;
+    // Never unpinned: the copy lives as long as the window.
+    if (const Held* ready = ready_[k].load(std::memory_order_acquire)) [[likely]]
+      return *ready;
   }
   // Hold nothing while this read waits: the copy the thread read last is not kept for it.
   t_held = {};
-  auto map = open(k);
-  const std::byte* bytes = map->data();
-  t_held = {.window = id_, .k = k, .map = std::move(map)};
-  return bytes;
+  Copy copy = open(k);
+  const Held held{copy.map->data(), copy.prepared.get()};
+  t_held = {
+      .window = id_, .k = k, .map = std::move(copy.map), .prepared = std::move(copy.prepared)};
+  return held;
 }
 
-std::shared_ptr<const MappedFile> RemoteWindow::open(std::size_t k) {
+RemoteWindow::Copy RemoteWindow::open(std::size_t k) {
   std::unique_lock lock(mu_);
   if (k >= front_ || (new_pass_ && !slots_[k].map && !slots_[k].fetching)) {
     if (k < front_) new_pass_ = false;
@@ -132,39 +239,88 @@ std::shared_ptr<const MappedFile> RemoteWindow::open(std::size_t k) {
   for (;;) {
     Slot& s = slots_[k];
     s.last_read = ++clock_;
-    if (s.map) return s.map;
+    if (s.map) return {s.map, s.prepared};
     if (s.error) std::rethrow_exception(s.error);
     if (s.fetching) {
       changed_.wait(lock);
       continue;
     }
     // Not held and no one downloads it: this read fetches it, once there is room.
-    while (!make_room(objects_[k].size)) changed_.wait(lock);
-    if (s.map || s.fetching) continue;
+    if (!claim_waiting(k, lock)) continue;  // another thread took it meanwhile
+    if (s.map || s.fetching || s.error) {   // (claim_waiting's last check saw it not taken)
+      budget_->release(id_, objects_[k].size);
+      continue;
+    }
     s.fetching = true;
-    held_bytes_ += objects_[k].size;
     fetch(k, lock);
   }
 }
 
-bool RemoteWindow::make_room(std::size_t bytes) {
+void RemoteWindow::unpin(std::size_t j) {
+  // Unpinned: the cache may evict it. A thread still reading it holds the mapping.
+  slots_[j].pin.reset();
+  slots_[j].map.reset();
+  slots_[j].prepared.reset();
+}
+
+bool RemoteWindow::claim(std::uint64_t bytes) {
   const std::uint64_t limit = cache_.settings().limit;
-  while (held_bytes_ + bytes > limit) {
+  for (;;) {
+    if (budget_->admit(id_, bytes, limit)) return true;
     std::size_t victim = slots_.size();
     for (std::size_t j = 0; j < slots_.size(); ++j) {
       const Slot& s = slots_[j];
       if (!s.pin || needed(j)) continue;
       if (victim == slots_.size() || s.last_read < slots_[victim].last_read) victim = j;
     }
-    if (victim == slots_.size()) {
-      // Only the look-ahead and downloads in flight are held. When nothing is in flight the
-      // build-time check says the bytes fit; the cache decides (other processes share it).
-      return std::none_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.fetching; });
+    // Only the look-ahead and downloads in flight are held: the caller waits.
+    if (victim == slots_.size()) return false;
+    unpin(victim);
+    budget_->release(id_, objects_[victim].size);
+  }
+}
+
+void RemoteWindow::shed_locked() {
+  WindowBudget::Member& me = budget_->members.at(id_);
+  while (me.held > me.reserve) {
+    std::size_t victim = slots_.size();
+    for (std::size_t j = 0; j < slots_.size(); ++j) {
+      const Slot& s = slots_[j];
+      if (!s.pin || needed(j)) continue;
+      if (victim == slots_.size() || s.last_read < slots_[victim].last_read) victim = j;
     }
-    // Unpinned: the cache may evict it. A thread still reading it holds the mapping.
-    slots_[victim].pin.reset();
-    slots_[victim].map.reset();
-    held_bytes_ -= objects_[victim].size;
+    if (victim == slots_.size()) return;
+    unpin(victim);
+    me.held -= std::min(me.held, objects_[victim].size);
+  }
+}
+
+bool RemoteWindow::claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lock) {
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  while (!claim(objects_[k].size)) {
+    // A background download took the file meanwhile (or finished it): nothing to claim.
+    if (slots_[k].map || slots_[k].fetching || slots_[k].error) return false;
+    const bool own =
+        std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.fetching; });
+    if (!own) {
+      // Not this window's downloads: other windows hold the room beyond their reservations
+      // (they give it back), or a runtime being replaced still holds its reservation.
+      lock.unlock();
+      budget_->reclaim(id_);
+      lock.lock();
+      if (slots_[k].map || slots_[k].fetching || slots_[k].error) return false;
+      if (claim(objects_[k].size)) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (!deadline) {
+        deadline = now + remote_.timeout;
+      } else if (now > *deadline) {
+        throw DataError(objects_[k].url, DataError::kNoOffset,
+                        "cannot hold '" + objects_[k].url + "' (" + bytes_text(objects_[k].size) +
+                            "): the cache limit " + bytes_text(cache_.settings().limit) +
+                            " is held by the look-ahead of other sources of this process");
+      }
+    }
+    changed_.wait_for(lock, std::chrono::milliseconds(20));
   }
   return true;
 }
@@ -174,6 +330,7 @@ void RemoteWindow::fetch(std::size_t k, std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   std::shared_ptr<const CachePin> pin;
   std::shared_ptr<const MappedFile> map;
+  std::shared_ptr<const void> prepared;
   std::exception_ptr error;
   try {
     pin = cache_.fetch({objects_[k]}, remote_).front();
@@ -182,6 +339,7 @@ void RemoteWindow::fetch(std::size_t k, std::unique_lock<std::mutex>& lock) {
       throw DataError(
           objects_[k].url, DataError::kNoOffset,
           "the cached copy of '" + objects_[k].url + "' is not " + bytes_text(objects_[k].size));
+    if (prepare_) prepared = prepare_(k, *map);
   } catch (...) {
     error = std::current_exception();
   }
@@ -189,12 +347,16 @@ void RemoteWindow::fetch(std::size_t k, std::unique_lock<std::mutex>& lock) {
   Slot& s = slots_[k];
   s.fetching = false;
   if (error) {
-    held_bytes_ -= objects_[k].size;
+    budget_->release(id_, objects_[k].size);
     s.error = error;
   } else {
     s.pin = std::move(pin);
     s.map = std::move(map);
-    if (all_fit_) ready_[k].store(s.map->data(), std::memory_order_release);
+    s.prepared = std::move(prepared);
+    if (all_fit_) {
+      s.ready = {s.map->data(), s.prepared.get()};
+      ready_[k].store(&s.ready, std::memory_order_release);
+    }
   }
   changed_.notify_all();
   work_.notify_all();
@@ -209,6 +371,7 @@ void RemoteWindow::download_ahead() {
   for (;;) {
     if (stop_) return;
     std::size_t claimed = slots_.size();
+    bool blocked = false;
     if (started_) {
       // The look-ahead in file order from the front; every file, round from the front, when
       // the limit holds them all.
@@ -218,16 +381,21 @@ void RemoteWindow::download_ahead() {
         const std::size_t j = (front_ + i) % n;
         Slot& s = slots_[j];
         if (s.map || s.fetching || s.error) continue;
-        if (make_room(objects_[j].size)) {
+        if (claim(objects_[j].size)) {
           s.fetching = true;
-          held_bytes_ += objects_[j].size;
           claimed = j;
+        } else {
+          blocked = true;
         }
         break;
       }
     }
     if (claimed == slots_.size()) {
-      work_.wait(lock);
+      // Blocked by the budget: other windows may give room back without a notification here.
+      if (blocked)
+        work_.wait_for(lock, std::chrono::milliseconds(20));
+      else
+        work_.wait(lock);
       continue;
     }
     try {

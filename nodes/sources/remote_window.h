@@ -1,9 +1,11 @@
-// Remote files opened lazily: a source whose records are numbered from the listing alone
-// (`records`: an object's size says its count) lists its objects when it is built, downloads
-// none, and reads each through a RemoteWindow — a bounded set of cached copies, downloaded
-// ahead along the order the source is read and unpinned once the reads moved past them, so
-// the cache's LRU eviction frees them mid-epoch and a cache far smaller than the data set
-// serves a whole epoch.
+// Remote files opened lazily: a source lists its objects when it is built, downloads none
+// for its reads' sake, and reads each through a RemoteWindow — a bounded set of cached copies,
+// downloaded ahead along the order the source is read and unpinned once the reads moved past
+// them, so the cache's LRU eviction frees them mid-epoch and a cache far smaller than the data
+// set serves a whole epoch. `records` numbers its records from the listed sizes; `tar` and
+// `lines` from the object facts of the job (nodes/sources/remote_listing.h: each object read
+// once, through a window, at the job's first build) — and make their index of a copy each
+// time the window fetches it (`prepare`), kept with the copy while the window holds it.
 //
 // The order. Reads tell the window where the source is: the file a read asks for is the
 // window's front when it is at or past the front (reading in order, a buffer shuffle's
@@ -20,15 +22,31 @@
 // the look-ahead moves on): a smaller limit is a ConfigError when the source is built, naming
 // both sizes — never a wait for space that cannot come.
 //
+// One budget per process and cache directory. The windows of a process that read one cache
+// (two sources, a mix of them) share its limit: each reserves its look-ahead and one copy
+// more when it is built — the reservations of the windows alive together must fit the limit,
+// or the build is a ConfigError naming each size — and holds copies beyond its reservation
+// only while no other window's reservation needs those bytes: a window that needs room takes
+// back what others hold beyond theirs (they unpin their least recently read copies outside
+// their look-ahead). So windows of one process never wait for each other's copies. A
+// runtime that a Loader's rebuild replaces is not counted against the new one's reservations
+// (its windows are gone before the new one reads). Across processes (MPI ranks on one
+// machine) nothing is shared but the cache's own rules: each process's windows count the
+// whole limit as theirs, and a download that needs bytes another process holds pinned waits
+// for them up to the remote timeout, then is a DataError — give each process its own cache
+// directory, or a limit that holds every process's look-ahead and one more.
+//
 // A global record shuffle reads files at random: every file is then in use all epoch, and a
 // cache that cannot hold the source downloads a file again for most reads of a file it
 // unpinned. It works, slowly; such a pipeline wants a limit that holds the source or range
-// reads (not built).
+// reads (records and indexed: remote_blocks.h).
 //
-// A limit that holds the whole source. Then nothing is ever unpinned, and the look-ahead is
-// every file, in file order from the front round to the one before it: a global shuffle's
-// first read starts every download, `connections` at a time. A copy once mapped stays mapped
-// for the window's life, so a read of it takes no lock (an atomic pointer per file).
+// A limit that holds the whole source. A window whose objects all fit the limit beside the
+// reservations of the process's other windows reserves them all: nothing is ever unpinned,
+// and the look-ahead is every file, in file order from the front round to the one before it —
+// a global shuffle's first read starts every download, `connections` at a time. A copy once
+// mapped stays mapped for the window's life, so a read of it takes no lock (an atomic pointer
+// per file).
 //
 //   auto files = list_source_files({"s3://bucket/train-*.bin"}, {});
 //   RemoteWindow window({*files[0].remote, *files[1].remote}, /*lookahead=*/4);
@@ -41,6 +59,7 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,18 +95,38 @@ inline constexpr const char* kLookaheadDoc =
     "remote files (s3://, http(s)://) held ahead of the reads, downloading in the background; "
     "the cache limit must hold this many files and one more";
 
+struct WindowBudget;
+
 /// Remote objects read through the local cache, a bounded window of them at a time (see the
 /// file comment). Thread-safe.
 class RemoteWindow {
  public:
+  /// What a source makes of a copy when the window fetches it — its index of the bytes (a tar's
+  /// members, a lines file's offsets) — kept with the copy while the window holds it, made
+  /// again when the window fetches the copy again. Called with object `k`'s mapped copy on the
+  /// thread that fetched it (a read, or a background download), without the window's lock; an
+  /// exception is the error of every read of `k`.
+  using Prepare = std::function<std::shared_ptr<const void>(std::size_t k, const MappedFile& copy)>;
+  /// A copy held by a caller: the mapping and what `prepare` made of it (null without one).
+  struct Copy {
+    std::shared_ptr<const MappedFile> map;
+    std::shared_ptr<const void> prepared;
+  };
+  /// What read() returns: the copy's bytes and what `prepare` made of it.
+  struct Held {
+    const std::byte* data = nullptr;
+    const void* prepared = nullptr;
+  };
+
   /// The window over `objects` (in the source's file order), holding `lookahead` files ahead
   /// (at least 1), with the cache and remote settings from the environment. Throws
   /// ConfigError (key FLOWSTATE_CACHE_LIMIT) when the cache limit is below the bytes of the
-  /// largest `lookahead` + 1 objects (all of them when there are fewer).
-  RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookahead);
+  /// largest `lookahead` + 1 objects (all of them when there are fewer), or below them and the
+  /// reservations of the process's other windows over the same cache directory.
+  RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookahead, Prepare prepare = {});
   /// The same with the cache and remote settings given.
   RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookahead, CacheSettings cache,
-               RemoteSettings remote);
+               RemoteSettings remote, Prepare prepare = {});
   /// Stops the background downloads (waits for those in flight) and unpins every copy.
   ~RemoteWindow();
   RemoteWindow(const RemoteWindow&) = delete;
@@ -95,32 +134,55 @@ class RemoteWindow {
 
   /// The bytes of object `k`'s copy, downloading it first when it is not held (a DataError
   /// naming the URL when that fails). Valid on the calling thread until its next call of
-  /// data() on any window: the thread holds the mapping until then, so a copy the window
-  /// unpins meanwhile stays readable. One relaxed comparison when the thread read `k` last.
-  const std::byte* data(std::size_t k);
-  /// The mapped copy of object `k` (see data()); the caller's pointer holds the mapping.
-  std::shared_ptr<const MappedFile> open(std::size_t k);
+  /// data() or read() on any window: the thread holds the mapping until then, so a copy the
+  /// window unpins meanwhile stays readable. One relaxed comparison when the thread read `k`
+  /// last.
+  const std::byte* data(std::size_t k) { return read(k).data; }
+  /// data(), with what `prepare` made of the copy (valid as long as the bytes).
+  Held read(std::size_t k);
+  /// The copy of object `k` (see data()); the caller's pointers hold the mapping.
+  Copy open(std::size_t k);
 
   /// The reads start over (the spine started an epoch): the next read, behind the front, of
   /// a file not held moves the front there (see the file comment).
   void new_pass();
+  /// The front goes back to the first file (after a source read every file once to count its
+  /// records): the look-ahead is files [0, lookahead) again, downloading from the next read.
+  void rewind();
   /// The objects, in order.
   const std::vector<RemoteObject>& objects() const { return objects_; }
   /// Downloads this window asked the cache for (copies it found cached count too).
   std::uint64_t fetches() const;
+  /// Its reservation of the limit: the bytes of its look-ahead and one copy more, or of every
+  /// object when they all fit beside the other windows' reservations.
+  std::uint64_t reservation() const { return reservation_; }
 
  private:
+  friend struct WindowBudget;
   struct Slot {
     std::shared_ptr<const CachePin> pin;  ///< the cached copy, pinned
     std::shared_ptr<const MappedFile> map;
-    std::uint64_t last_read = 0;  ///< the window's clock at the slot's last read
+    std::shared_ptr<const void> prepared;  ///< what prepare_ made of the copy
+    std::uint64_t last_read = 0;           ///< the window's clock at the slot's last read
     bool fetching = false;
     std::exception_ptr error;  ///< the background download failed (rethrown to a read)
+    Held ready;                ///< with all_fit_: the published copy, read without mu_
   };
   bool needed(std::size_t k) const { return all_fit_ || (k >= front_ && k < front_ + lookahead_); }
-  /// Under mu_: unpins copies outside the look-ahead, least recently read first, until
-  /// `bytes` more fit the limit; false when they do not (copies still downloading hold room).
-  bool make_room(std::size_t bytes);
+  /// Under mu_: counts `bytes` more as held when the process's budget admits them, unpinning
+  /// copies outside the look-ahead, least recently read first, as needed; false when it
+  /// cannot (copies still downloading, or other windows' reservations, hold the room).
+  bool claim(std::uint64_t bytes);
+  /// Under mu_: unpins slot `j`, which holds a copy.
+  void unpin(std::size_t j);
+  /// Under mu_ and the budget's lock: unpins copies outside the look-ahead, least recently
+  /// read first, while this window holds more than its reservation (another window needs it).
+  void shed_locked();
+  /// Under mu_ (held by `lock`): waits until claim() of object `k`'s bytes succeeds (true),
+  /// asking the other windows of the process for the bytes they hold beyond their
+  /// reservations, or another thread takes or publishes slot `k` (false: nothing claimed); a
+  /// DataError naming the object when other windows hold the room past the remote timeout.
+  bool claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lock);
   /// Fetches and maps slot `k` (claimed: fetching set, its bytes counted) without holding
   /// mu_, then publishes it; a failure is stored in the slot and rethrown.
   void fetch(std::size_t k, std::unique_lock<std::mutex>& lock);
@@ -130,21 +192,24 @@ class RemoteWindow {
   std::size_t lookahead_;
   RemoteSettings remote_;
   ObjectCache cache_;
+  Prepare prepare_;
   const std::uint64_t id_;  ///< this window among all (the threads' held mapping names it)
+  std::uint64_t reservation_ = 0;
+  std::shared_ptr<WindowBudget> budget_;  ///< the process's budget of this cache directory
 
   mutable std::mutex mu_;
   std::condition_variable changed_;  ///< a slot was published or failed
   std::condition_variable work_;     ///< the look-ahead moved, or stop
   std::vector<Slot> slots_;
-  /// The limit holds every object: nothing is unpinned, the look-ahead is every file.
+  /// The limit holds every object beside the other windows' reservations, and this window
+  /// reserved them all: nothing is unpinned, the look-ahead is every file.
   bool all_fit_ = false;
-  /// With all_fit_: a copy's bytes once mapped (null before), read without mu_.
-  std::vector<std::atomic<const std::byte*>> ready_;
+  /// With all_fit_: each slot's `ready` once published (null before), read without mu_.
+  std::vector<std::atomic<const Held*>> ready_;
   std::size_t front_ = 0;
   bool started_ = false;   ///< a read happened: the look-ahead downloads
   bool new_pass_ = false;  ///< an epoch started: the next read behind the front moves it
   std::uint64_t clock_ = 0;
-  std::uint64_t held_bytes_ = 0;  ///< bytes of slots pinned or downloading
   std::uint64_t fetches_ = 0;
   bool stop_ = false;
   std::vector<std::thread> downloaders_;  ///< min(lookahead, connections) threads

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 
 namespace flowstate {
 namespace {
@@ -274,8 +275,49 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
   set_verify(options_.verify);
   for (const auto& ext : options_.fields) field_ids_.push_back(field_id(ext));
 
-  const SourceRemote remote = source_remote("tar", options_);
-  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir, &remote)) {
+  const SourceRemote settings = source_remote("tar", options_);
+  const std::vector<SourceFile> files =
+      list_source_files(options_.paths, options_.base_dir, &settings);
+  std::vector<RemoteObject> remote;
+  for (const auto& file : files)
+    if (file.remote) remote.push_back(*file.remote);
+  std::vector<ObjectFacts> facts;
+  if (!remote.empty()) {
+    expected_ = std::vector<std::atomic<std::uint64_t>>(remote.size());
+    for (auto& e : expected_) e.store(kUnknown);
+    window_ = std::make_unique<RemoteWindow>(
+        remote, options_.lookahead, resolve_cache_settings(&settings),
+        resolve_remote_settings(&settings),
+        [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); });
+    // What a shard's samples are depends on `fields` and `on_missing`: the kind says both.
+    std::string kind =
+        "tar/1 on_missing=" + std::string(missing_field_name(options_.on_missing)) + " fields=";
+    for (const auto& f : options_.fields) kind += std::to_string(f.size()) + ":" + f;
+    facts = job_object_facts(kind, remote, [&](const std::vector<std::size_t>& missing) {
+      // Each shard read once, in order (the window downloads ahead meanwhile), and let go.
+      std::vector<ObjectFacts> out;
+      for (const std::size_t k : missing) {
+        const RemoteWindow::Copy copy = window_->open(k);
+        const auto* shard = static_cast<const Shard*>(copy.prepared.get());
+        const FileIdentity id =
+            file_identity(remote[k].url, *copy.map, shard->samples.size(), true);
+        out.push_back({.items = id.items, .blocks = id.blocks, .full = *id.full});
+      }
+      window_->rewind();
+      return out;
+    });
+    for (std::size_t k = 0; k < facts.size(); ++k) expected_[k].store(facts[k].items);
+  }
+  std::size_t r = 0;
+  for (const auto& file : files) {
+    if (file.remote) {
+      const RemoteObject& o = *file.remote;
+      add_remote_file(o.url, o.size, o.etag, facts[r].items, facts[r].blocks, facts[r].full);
+      shards_.emplace_back();
+      remote_.push_back(r++);
+      continue;
+    }
+    const ExpandedPath& named = file.local;
     const std::string& f = named.path;
     Shard shard;
     shard.map = std::make_shared<const MappedFile>(f);
@@ -287,7 +329,35 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
     group(shard, f);
     add_file(named, *shard.map, shard.samples.size());
     shards_.push_back(std::move(shard));
+    remote_.push_back(0);
   }
+}
+
+std::shared_ptr<const TarSource::Shard> TarSource::prepare_remote(std::size_t k,
+                                                                  const MappedFile& copy) const {
+  const RemoteObject& o = window_->objects()[k];
+  auto shard = std::make_shared<Shard>();
+  try {
+    shard->index = TarScanner(copy).scan();
+    group(*shard, copy.path());
+  } catch (const DataError& e) {
+    // The scanner names the copy's path: the object is what the user knows.
+    std::string what = e.what();
+    for (auto at = what.find(copy.path()); at != std::string::npos; at = what.find(copy.path()))
+      what.replace(at, copy.path().size(), o.url);
+    throw DataError(o.url, e.offset(), what);
+  }
+  const std::uint64_t want = expected_[k].load();
+  if (want != kUnknown && shard->samples.size() != want)
+    throw DataError(o.url, DataError::kNoOffset,
+                    "'" + o.url + "' holds " + std::to_string(shard->samples.size()) +
+                        " samples, not the " + std::to_string(want) +
+                        " the job counted when it first read it (ETag " + o.etag + ")");
+  return shard;
+}
+
+void TarSource::epoch_started(std::uint64_t /*epoch*/) {
+  if (window_) window_->new_pass();
 }
 
 void TarSource::group(Shard& shard, const std::string& file) const {
@@ -325,44 +395,50 @@ void TarSource::group(Shard& shard, const std::string& file) const {
   }
 }
 
-std::pair<const TarSource::Shard*, std::pair<std::uint64_t, std::uint64_t>> TarSource::members_of(
-    const Ref& ref) const {
+TarSource::Located TarSource::members_of(const Ref& ref) const {
   const std::uint64_t i = local(ref);
-  const Shard& s = shards_[ref.shard];
-  return {&s, s.samples[i]};
+  const Shard* s = &shards_[ref.shard];
+  if (s->map) [[likely]]
+    return {s->map->data(), s, s->samples[i]};
+  // A remote shard: the copy and its index stay valid on this thread until its next read of
+  // another remote file.
+  const RemoteWindow::Held held = window_->read(remote_[ref.shard]);
+  s = static_cast<const Shard*>(held.prepared);
+  return {held.data, s, s->samples[i]};
 }
 
 std::span<const std::byte> TarSource::record(const Ref& ref) const {
-  const auto [s, members] = members_of(ref);
+  const auto [data, s, members] = members_of(ref);
   const detail::TarMember& first = s->index.entries[members.first];
   const detail::TarMember& last = s->index.entries[members.second - 1];
-  return {s->map->data() + first.start, last.data + last.size - first.start};
+  return {data + first.start, last.data + last.size - first.start};
 }
 
 void TarSource::read(const Ref& ref, Sample& sample) const {
-  const auto [s, members] = members_of(ref);
+  const auto [data, s, members] = members_of(ref);
   sample.ref = ref;
   for (std::uint64_t i = members.first; i < members.second; ++i) {
     if (s->member_fields[i] == kNoField) continue;
     const detail::TarMember& m = s->index.entries[i];
-    sample.set(s->member_fields[i], bytes_tensor(s->map->data() + m.data, m.size));
+    sample.set(s->member_fields[i], bytes_tensor(data + m.data, m.size));
   }
 }
 
 std::optional<RecordView> TarSource::view(const Ref& ref, FieldId field) const {
-  const auto [s, members] = members_of(ref);
+  if (ref.shard < shards_.size() && !shards_[ref.shard].map) return std::nullopt;  // remote
+  const auto [data, s, members] = members_of(ref);
   // read() sets the fields in member order: the last member of a field is the one it keeps.
   std::optional<RecordView> v;
   for (std::uint64_t i = members.first; i < members.second; ++i) {
     if (s->member_fields[i] != field) continue;
     const detail::TarMember& m = s->index.entries[i];
-    v = RecordView{DType::kUInt8, {s->map->data() + m.data, static_cast<std::size_t>(m.size)}};
+    v = RecordView{DType::kUInt8, {data + m.data, static_cast<std::size_t>(m.size)}};
   }
   return v;
 }
 
 std::string_view TarSource::key(const Ref& ref) const {
-  const auto [s, members] = members_of(ref);
+  const auto [data, s, members] = members_of(ref);
   const detail::TarMember& m = s->index.entries[members.first];
   return std::string_view(s->index.strings).substr(m.name, m.key_size);
 }

@@ -34,6 +34,7 @@
 //   append_tar_end(tar);
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,6 +47,7 @@
 #include "flowstate/nodes/sources/index_cache.h"
 #include "flowstate/nodes/sources/mapped_file.h"
 #include "flowstate/nodes/sources/remote_options.h"
+#include "flowstate/nodes/sources/remote_window.h"
 
 namespace flowstate {
 
@@ -72,6 +74,8 @@ struct TarOptions {
   MissingField on_missing = MissingField::kError;  ///< a sample lacking one of `fields`
   std::filesystem::path base_dir;            ///< relative paths resolve against it; not described
   FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
+  /// Remote shards held ahead of the reads (see RemoteWindow; free).
+  std::size_t lookahead = kDefaultLookahead;
 
   CacheOptions cache;    ///< the local cache of remote files (free)
   RemoteOptions remote;  ///< how remote files are reached (free)
@@ -85,6 +89,11 @@ struct TarOptions {
         param("on_missing", &O::on_missing,
               {.doc = "a sample lacking one of `fields`: error (when the source opens) or skip"}),
         verify_param<O>(),
+        param("lookahead", &O::lookahead,
+              {.min = 1,
+               .free = true,
+               .doc = kLookaheadDoc,
+               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
         cache_param<O>(),
         remote_param<O>(),
     };
@@ -108,9 +117,12 @@ struct TarMember {
 };
 }  // namespace detail
 
-/// The `tar` source. Opening maps every file and loads (or builds and caches) its member
+/// The `tar` source. Opening maps every local file and loads (or builds and caches) its member
 /// index: an empty match, an unreadable file or a malformed archive is a DataError naming the
-/// file. Reading is thread-safe.
+/// file. Remote shards (`s3://`, `http(s)://`) are numbered from the job's object facts
+/// (nodes/sources/remote_listing.h; at the job's first build each shard is read once, through
+/// the window, to count its samples) and read through a RemoteWindow, their member index made
+/// in memory each time the window fetches a copy. Reading is thread-safe.
 class TarSource final : public FileSource {
  public:
   TarSource(std::string name, TarOptions options, std::uint32_t source_id = 0);
@@ -118,20 +130,27 @@ class TarSource final : public FileSource {
   /// 0: samples vary in size.
   std::size_t record_bytes() const override { return 0; }
   /// The sample's raw tar bytes, from its first member's first header to the end of its last
-  /// member's data; valid while the source lives. Throws DataError for a foreign Ref.
+  /// member's data; valid while the source lives (a remote shard's: on the calling thread
+  /// until its next read of another remote file). Throws DataError for a foreign Ref.
   std::span<const std::byte> record(const Ref& ref) const override;
   /// Reads the sample's selected members into `sample`, one uint8 field per extension.
   void read(const Ref& ref, Sample& sample) const override;
   /// Unused (record_bytes() is 0): the first of `fields`, or "data".
   FieldId record_field() const override { return record_field_; }
-  /// The bytes of the sample's member that lands in `field`, where they lie in the mapped tar.
+  /// The bytes of the sample's member that lands in `field`, where they lie in the mapped tar;
+  /// none for a remote shard (a view must stay valid while the source lives).
   std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
 
-  /// The sample's key ("dir/a"), as WebDataset's `__key__`.
+  /// The sample's key ("dir/a"), as WebDataset's `__key__` (a remote shard's: valid as
+  /// record()'s bytes are).
   std::string_view key(const Ref& ref) const;
 
+ protected:
+  void epoch_started(std::uint64_t epoch) override;
+
  private:
-  /// What the source keeps of one tar file.
+  /// What the source keeps of one tar file (of a remote one: what the window keeps with a
+  /// copy, `map` null).
   struct Shard {
     std::shared_ptr<const MappedFile> map;
     FileIndex<detail::TarMember> index;
@@ -142,13 +161,28 @@ class TarSource final : public FileSource {
 
   /// Groups the members of `shard` into records, applying `fields` and `on_missing`.
   void group(Shard& shard, const std::string& file) const;
-  /// The shard of `ref` and the record's members in it; throws DataError for a foreign Ref.
-  std::pair<const Shard*, std::pair<std::uint64_t, std::uint64_t>> members_of(const Ref& ref) const;
+  /// Where a record lies: its shard's bytes, the shard, and the record's members in it.
+  struct Located {
+    const std::byte* data;
+    const Shard* shard;
+    std::pair<std::uint64_t, std::uint64_t> members;
+  };
+  /// Where `ref` lies; throws DataError for a foreign Ref (or a remote shard that fails).
+  Located members_of(const Ref& ref) const;
+  /// The index and samples of remote shard `k` (in window_) from its copy: a DataError naming
+  /// the URL for a malformed archive, or for a count other than the job's facts say.
+  std::shared_ptr<const Shard> prepare_remote(std::size_t k, const MappedFile& copy) const;
 
   TarOptions options_;
   FieldId record_field_;
-  std::vector<FieldId> field_ids_;  ///< the ids of options_.fields
-  std::vector<Shard> shards_;
+  std::vector<FieldId> field_ids_;   ///< the ids of options_.fields
+  std::vector<Shard> shards_;        ///< per file; a remote file's is empty
+  std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
+  /// Per remote object its samples as the job's facts say (kUnknown until they are known):
+  /// read by prepare_remote on the window's threads.
+  std::vector<std::atomic<std::uint64_t>> expected_;
+  static constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
+  std::unique_ptr<RemoteWindow> window_;  ///< the remote shards; null when there are none
 };
 
 /// Bytes of a tar block: a header is one block, a member's data is padded to whole blocks.

@@ -3,12 +3,16 @@
 // when it is not one; under a coordinator rank 0 alone reads or lists and every rank gets its
 // listing or its error; a Loader's memo lists once. And a remote object's ETag in the data
 // identity: kept through the state's archive, a changed ETag refused naming the object, an
-// identity without one (written before) compared as before. And the request-rate bound. Listing
+// identity without one (written before) compared as before. And the object facts of `tar` and
+// `lines` (job_object_facts): computed once, saved beside the listings and read back without
+// computing, an entry counting only for the same URL, size and ETag, rank 0's facts on every
+// rank, a file that is not facts refused naming it. And the request-rate bound. Listing
 // against s3rver and nginx, counted in their logs, is tests/python/test_remote.py.
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -298,6 +302,92 @@ TEST(RemoteRate, ReadFromTheEnvironment) {
   }
   ::unsetenv("FLOWSTATE_REMOTE_RATE");
   EXPECT_EQ(RemoteSettings::from_environment().rate, 0);
+}
+
+std::vector<ObjectFacts> facts_of(const std::vector<std::size_t>& indices) {
+  std::vector<ObjectFacts> out;
+  for (auto i : indices)
+    out.push_back({.items = 10 + i, .blocks = {i, i + 1, i + 2, ~std::uint64_t{0}}, .full = 7});
+  return out;
+}
+
+TEST(ObjectFacts, ComputedOnceSavedAndReadBackOnlyForTheSameObject) {
+  TempDir dir;
+  const auto objects = two_objects();
+  std::vector<std::size_t> asked;
+  auto compute = [&](const std::vector<std::size_t>& missing) {
+    asked.insert(asked.end(), missing.begin(), missing.end());
+    return facts_of(missing);
+  };
+  {
+    ListingScope scope({.dir = dir.path()});
+    const auto got = job_object_facts("tar/1 x", objects, compute);
+    EXPECT_EQ(asked, (std::vector<std::size_t>{0, 1}));
+    EXPECT_EQ(got, facts_of({0, 1}));
+  }
+  EXPECT_TRUE(std::filesystem::exists(facts_file(dir.path(), "tar/1 x")));
+  asked.clear();
+  {
+    // Another build of the job (a resume): read back, nothing computed; a changed object
+    // (another ETag) and another kind are computed again.
+    ListingScope scope({.dir = dir.path()});
+    EXPECT_EQ(job_object_facts("tar/1 x", objects, compute), facts_of({0, 1}));
+    EXPECT_TRUE(asked.empty());
+    auto changed = objects;
+    changed[1].etag = "\"other\"";
+    EXPECT_EQ(job_object_facts("tar/1 x", changed, compute)[1], facts_of({1})[0]);
+    EXPECT_EQ(asked, (std::vector<std::size_t>{1}));
+    job_object_facts("lines/2", objects, compute);
+    EXPECT_EQ(asked.size(), 3u);
+  }
+  // Both versions of object 1 are kept: the first one is still read back.
+  asked.clear();
+  {
+    ListingScope scope({.dir = dir.path()});
+    job_object_facts("tar/1 x", objects, compute);
+    EXPECT_TRUE(asked.empty());
+  }
+  // Outside a scope nothing is saved or read: computed each time.
+  job_object_facts("tar/1 x", objects, compute);
+  EXPECT_EQ(asked.size(), 2u);
+  // A file that is not facts of the kind is refused, naming it.
+  write_text(facts_file(dir.path(), "tar/1 x"), "{\"format\": 1, \"kind\": \"other\"}");
+  ListingScope scope({.dir = dir.path()});
+  try {
+    job_object_facts("tar/1 x", objects, compute);
+    FAIL() << "no error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(facts_file(dir.path(), "tar/1 x").string()),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ObjectFacts, ALoadersMemoAndRankZerosFactsOnEveryRank) {
+  TempDir dir;
+  const auto objects = two_objects();
+  testing::ThreadGroup group(3);
+  std::vector<std::vector<ObjectFacts>> got(3);
+  std::atomic<int> computed{0};
+  const auto errors = group.run([&](std::uint64_t rank, std::shared_ptr<Coordinator> c) {
+    auto memo = std::make_shared<ListingMemo>();
+    ListingScope scope({.dir = rank == 0 ? dir.path() : std::filesystem::path(),
+                        .coordinator = c.get(),
+                        .memo = memo});
+    got[rank] = job_object_facts("k", objects, [&](const std::vector<std::size_t>& missing) {
+      ++computed;
+      return facts_of(missing);
+    });
+    // A rebuild: from the memo, no collective, nothing computed.
+    EXPECT_EQ(job_object_facts("k", objects,
+                               [&](const std::vector<std::size_t>&) -> std::vector<ObjectFacts> {
+                                 throw std::runtime_error("computed again");
+                               }),
+              got[rank]);
+  });
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(computed.load(), 1);  // rank 0 alone
+  for (std::size_t r = 0; r < 3; ++r) EXPECT_EQ(got[r], facts_of({0, 1})) << "rank " << r;
 }
 
 }  // namespace

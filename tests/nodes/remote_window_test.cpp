@@ -2,15 +2,20 @@
 // below the look-ahead and one file more is a ConfigError before any request; reads of cached
 // copies are hits that need no request; copies the reads left behind are unpinned (the cache
 // may evict them) while the look-ahead stays pinned; a download that fails is a DataError
-// naming the URL. Downloads through a real server, the cache's peak and a resume after
-// SIGKILL are tests/python/test_remote_window.py.
+// naming the URL; the windows of a process over one cache share its limit (reservations that
+// do not fit together are a ConfigError; a window takes back what another holds beyond its
+// reservation); what `prepare` makes of a copy comes with its bytes. Downloads through a real
+// server, the cache's peak and a resume after SIGKILL are tests/python/test_remote_window.py
+// and test_remote_lazy.py.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -18,8 +23,13 @@
 #include <vector>
 
 #include "flowstate/core/error.h"
+#include "flowstate/graph/loader.h"
+#include "flowstate/nodes/builtin.h"
 #include "flowstate/nodes/sources/object_cache.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 #include "flowstate/nodes/sources/remote_window.h"
+#include "flowstate/nodes/sources/tar.h"
+#include "flowstate/tools/testing.h"
 #include "tests/support/testing.h"
 
 namespace flowstate {
@@ -169,6 +179,177 @@ TEST(RemoteWindow, ADownloadThatFailsIsADataErrorNamingTheUrl) {
         << e.what();
   }
   EXPECT_THROW(window.data(0), DataError);  // again: the same error, not a hang
+}
+
+TEST(RemoteWindow, WindowsOverOneCacheWhoseReservationsDoNotFitAreAConfigError) {
+  TempDir dir;
+  std::vector<RemoteObject> a, b;
+  for (int i = 0; i < 4; ++i) {
+    a.push_back(unreachable("a" + std::to_string(i), 100));
+    b.push_back(unreachable("b" + std::to_string(i), 100));
+  }
+  const CacheSettings cache{.dir = dir.path(), .limit = 500};
+  RemoteWindow first(a, 2, cache, fast_failing());  // reserves 300 bytes
+  EXPECT_EQ(first.reservation(), 300u);
+  try {
+    RemoteWindow second(b, 2, cache, fast_failing());
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.key(), "FLOWSTATE_CACHE_LIMIT");
+    EXPECT_NE(m.find("the cache limit 500 bytes of '" + dir.path().string() +
+                     "' is smaller than the 600 bytes the look-ahead windows of 2 remote sources "
+                     "of this process reserve together (300 bytes for this one's lookahead of 2 "
+                     "files and one more, 300 bytes for 1 other)"),
+              std::string::npos)
+        << m;
+  }
+  // Another cache directory has a budget of its own; a smaller look-ahead fits this one.
+  TempDir other;
+  EXPECT_NO_THROW(RemoteWindow(b, 2, {.dir = other.path(), .limit = 500}, fast_failing()));
+  EXPECT_NO_THROW(RemoteWindow(b, 1, cache, fast_failing()));
+}
+
+TEST(RemoteWindow, AWindowTakesBackWhatAnotherHoldsBeyondItsReservation) {
+  TempDir dir;
+  std::vector<RemoteObject> a, b;
+  for (int i = 0; i < 6; ++i) {
+    a.push_back(unreachable("a" + std::to_string(i), 100));
+    seed_copy(dir, a.back(), static_cast<char>('a' + i));
+    b.push_back(unreachable("b" + std::to_string(i), 100));
+    seed_copy(dir, b.back(), static_cast<char>('A' + i));
+  }
+  const CacheSettings cache{.dir = dir.path(), .limit = 600};
+  RemoteWindow first(a, 1, cache, fast_failing());  // reserves 200
+  // Alone, the window keeps what it read while the limit has room: all 6 copies.
+  for (std::size_t k = 0; k < a.size(); ++k)
+    EXPECT_EQ(static_cast<char>(first.data(k)[0]), static_cast<char>('a' + k));
+  int held = 0;
+  for (const auto& o : a) held += pinned(dir, o) ? 1 : 0;
+  EXPECT_EQ(held, 6);
+  RemoteWindow second(b, 1, cache, fast_failing());  // reserves 200: 400 of 600 reserved
+  // The second window reads everything; it needs its reservation, which the first one's
+  // borrowed copies hold: they are taken back (unpinned), not waited for.
+  const auto t = std::chrono::steady_clock::now();
+  for (std::size_t k = 0; k < b.size(); ++k)
+    EXPECT_EQ(static_cast<char>(second.data(k)[0]), static_cast<char>('A' + k));
+  EXPECT_LT(std::chrono::steady_clock::now() - t, std::chrono::milliseconds(400));
+  int total = 0;
+  for (const auto& o : a) total += pinned(dir, o) ? 1 : 0;
+  for (const auto& o : b) total += pinned(dir, o) ? 1 : 0;
+  EXPECT_LE(total * 100, 600);  // both windows together within the limit
+  held = 0;
+  for (const auto& o : a) held += pinned(dir, o) ? 1 : 0;
+  EXPECT_LE(held, 4);  // the first window gave back at least its 2 oldest copies
+  // The first window still reads (its look-ahead was never taken).
+  EXPECT_EQ(static_cast<char>(first.data(5)[0]), 'f');
+  EXPECT_EQ(static_cast<char>(first.data(0)[0]), 'a');
+}
+
+TEST(RemoteWindow, WhatPrepareMakesOfACopyComesWithItsBytesAndItsErrorWithEveryRead) {
+  TempDir dir;
+  std::vector<RemoteObject> objects;
+  for (int i = 0; i < 3; ++i) {
+    objects.push_back(unreachable("p" + std::to_string(i), 100));
+    seed_copy(dir, objects.back(), static_cast<char>('a' + i));
+  }
+  std::atomic<int> prepared{0};
+  RemoteWindow window(objects, 1, {.dir = dir.path(), .limit = 200}, fast_failing(),
+                      [&](std::size_t k, const MappedFile& copy) -> std::shared_ptr<const void> {
+                        ++prepared;
+                        if (k == 2) throw DataError("x", 7, "malformed copy");
+                        return std::make_shared<const std::string>(
+                            std::to_string(k) + static_cast<char>(copy.data()[0]));
+                      });
+  for (std::size_t k = 0; k < 2; ++k) {
+    const auto held = window.read(k);
+    EXPECT_EQ(*static_cast<const std::string*>(held.prepared),
+              std::to_string(k) + static_cast<char>('a' + k));
+    EXPECT_EQ(static_cast<char>(held.data[0]), static_cast<char>('a' + k));
+  }
+  EXPECT_THROW(window.read(2), DataError);
+  EXPECT_THROW(window.read(2), DataError);
+  // Read again after the copy was unpinned: prepared again.
+  const int before = prepared.load();
+  window.rewind();
+  EXPECT_EQ(*static_cast<const std::string*>(window.read(0).prepared), "0a");
+  EXPECT_GT(prepared.load(), before);
+}
+
+/// 4 tar shards of different sizes, written locally and seeded as cached copies of
+/// https://example.invalid/shard-{0..3}.tar (nothing listens there: every read is a cache hit),
+/// with the job's listing saved in `ck`. Returns the local glob.
+std::string remote_tar_fixture(const TempDir& data, const TempDir& cache, const TempDir& ck,
+                               std::uint64_t& limit) {
+  const std::string pattern = "https://example.invalid/shard-{0..3}.tar";
+  std::vector<RemoteObject> objects;
+  std::vector<std::uint64_t> sizes;
+  for (int f = 0; f < 4; ++f) {
+    std::string tar;
+    for (int i = 0; i < 20 + 10 * f; ++i) {
+      const std::string key = std::to_string(1000 + f * 100 + i);
+      append_tar_member(tar, key + ".txt", "sample " + key + std::string(i % 9, '.'));
+      append_tar_member(tar, key + ".cls", std::to_string(i % 7));
+    }
+    append_tar_end(tar);
+    const std::string name = "shard-" + std::to_string(f) + ".tar";
+    std::ofstream(data / name, std::ios::binary) << tar;
+    RemoteObject o{.url = "https://example.invalid/" + name,
+                   .fetch_url = "https://example.invalid/" + name,
+                   .size = tar.size(),
+                   .etag = "\"t" + std::to_string(f) + "\""};
+    std::filesystem::create_directories(cache / "objects");
+    std::ofstream(cache / ("objects/" + cache_key(o) + ".obj"), std::ios::binary) << tar;
+    objects.push_back(o);
+    sizes.push_back(tar.size());
+  }
+  std::filesystem::create_directories(ck / "listings");
+  std::ofstream(listing_file(ck.path(), pattern)) << encode_listing(pattern, objects);
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  limit = sizes[0] + sizes[1];  // lookahead 1 and one more
+  return data / "shard-*.tar";
+}
+
+TEST(RemoteWindow, ALazyTarSourcePassesTheOracleOnACacheOfTwoShardsAndEqualsLocalFiles) {
+  TempDir data, cache, ck;
+  std::uint64_t limit = 0;
+  const std::string local = remote_tar_fixture(data, cache, ck, limit);
+  ::setenv("FLOWSTATE_CACHE_DIR", cache.path().c_str(), 1);
+  ::setenv("FLOWSTATE_CACHE_LIMIT", std::to_string(limit).c_str(), 1);
+  auto make = [&](const std::string& paths) {
+    return [paths] {
+      return Pipeline::Builder()
+          .seed(17)
+          .tar({.paths = {paths}, .fields = {"txt", "cls"}, .lookahead = 1})
+          .shuffle({.mode = ShuffleMode::kBuffer, .size = 8})
+          .batch({.size = 8, .collate = CollateMode::kRagged})
+          .build();
+    };
+  };
+  const std::string remote = "https://example.invalid/shard-{0..3}.tar";
+  const auto before = remote_request_counts().gets;
+  LoaderOptions options{.epochs = 2, .workers = 2};
+  options.checkpoint_dir = ck.path().string();
+  // The same batches as on local files (digests include the provenance: file and record).
+  {
+    // One Loader over the cache at a time: two alive would reserve the limit twice.
+    Loader a(make(local)(), {.epochs = 2, .workers = 2});
+    const auto want = testing::drain(a);
+    Loader b(make(remote)(), options);
+    const auto got = testing::drain(b);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].digest, want[i].digest) << i;
+    // Two windows over the cache whose reservations do not fit: refused when built.
+    EXPECT_THROW(Loader(make(remote)(), options), ConfigError);
+  }
+  // The counts were saved with the listing; every later build reads them.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(ck / "listings"),
+                          std::filesystem::directory_iterator{}),
+            2);
+  testing::expect_save_restore(make(remote), options, options);
+  EXPECT_EQ(remote_request_counts().gets, before);  // every copy came from the cache
+  ::unsetenv("FLOWSTATE_CACHE_DIR");
+  ::unsetenv("FLOWSTATE_CACHE_LIMIT");
 }
 
 }  // namespace
