@@ -240,17 +240,31 @@ std::span<const std::byte> IndexedFile::sequence(std::uint64_t i) const {
   return bin_bytes(begin, begin + static_cast<std::uint64_t>(length(i)) * item_);
 }
 
-std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
+std::pair<std::uint64_t, std::uint64_t> IndexedFile::document_range(std::uint64_t d) const {
   const auto first = one_sequence_per_document_ ? d : static_cast<std::uint64_t>(doc(d));
   const auto last = one_sequence_per_document_ ? d + 1 : static_cast<std::uint64_t>(doc(d + 1));
-  if (first == last) return {};
+  if (first == last) return {0, 0};
   // Sequences lie end to end (checked at open): a document ends where the next sequence
   // starts, or at the end of the .bin. Two neighbouring entries of two arrays: on a shuffled
   // order that is two cache misses, not the three or four of reading the last length too.
   const auto begin = static_cast<std::uint64_t>(pointer(first));
   const std::uint64_t end =
       last < sequences_ ? static_cast<std::uint64_t>(pointer(last)) : bin_size_;
+  return {begin, end};
+}
+
+std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
+  const auto [begin, end] = document_range(d);
   return bin_bytes(begin, end);
+}
+
+std::span<const std::byte> IndexedFile::stable(std::uint64_t i, bool document) const {
+  if (document) {
+    const auto [begin, end] = document_range(i);
+    return blocks_->view(bin_object_, begin, static_cast<std::size_t>(end - begin));
+  }
+  return blocks_->view(bin_object_, static_cast<std::uint64_t>(pointer(i)),
+                       static_cast<std::size_t>(length(i)) * item_);
 }
 
 const NodeDef& indexed_node() {
@@ -421,10 +435,15 @@ void IndexedSource::read(const Ref& ref, Sample& sample) const {
 }
 
 std::optional<RecordView> IndexedSource::view(const Ref& ref, FieldId field) const {
-  // A remote .bin's bytes are not where they lie for the store's life (blocks come and go):
-  // pack and filter read() its documents instead.
-  if (field != field_ || blocks_) return std::nullopt;
-  return RecordView{files_data_[ref.shard]->dtype(), record(ref)};
+  if (field != field_) return std::nullopt;
+  const IndexedFile& f = *files_data_[ref.shard];
+  if (f.remote()) {
+    // Blocks of a remote .bin stay where they lie only while the reader holds them all;
+    // otherwise pack and filter read() its documents.
+    if (!blocks_->holds_all()) return std::nullopt;
+    return RecordView{f.dtype(), f.stable(local(ref), options_.unit == IndexedUnit::kDocument)};
+  }
+  return RecordView{f.dtype(), record(ref)};
 }
 
 // ---- writing ----

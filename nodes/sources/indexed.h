@@ -124,15 +124,23 @@ class IndexedFile {
   /// The .bin's path, or its URL.
   const std::string& bin_name() const { return bin_name_; }
   std::uint64_t bin_size() const { return bin_size_; }
-  /// The bytes of sequence `i` / document `d`.
+  /// The bytes of sequence `i` / document `d` (of a remote .bin: valid on the calling thread
+  /// until its next read; see RemoteBlocks::read).
   std::span<const std::byte> sequence(std::uint64_t i) const;
   std::span<const std::byte> document(std::uint64_t d) const;
+  /// Whether the .bin is remote (read by blocks).
+  bool remote() const { return blocks_ != nullptr; }
+  /// Of a remote .bin whose reader holds every block: document `i` (`document`) or sequence
+  /// `i`, valid as long as the reader lives (RemoteBlocks::view).
+  std::span<const std::byte> stable(std::uint64_t i, bool document) const;
 
  private:
   /// Reads the header of the .idx (named `idx` in messages) and checks its layout.
   void check_index(const std::string& idx);
   /// Checks the sequences and documents against the .bin's size.
   void check_entries(const std::string& idx);
+  /// Bytes [begin, end) of document `d` / sequence `i` in the .bin.
+  std::pair<std::uint64_t, std::uint64_t> document_range(std::uint64_t d) const;
   /// Bytes [begin, end) of the .bin.
   std::span<const std::byte> bin_bytes(std::uint64_t begin, std::uint64_t end) const {
     if (blocks_ != nullptr) [[unlikely]]

@@ -91,6 +91,13 @@ RemoteBlocks::RemoteBlocks(std::vector<RemoteObject> objects, std::size_t lookah
   const std::uint64_t limit = cache_.settings().limit;
   budget_ = limit > reserved ? limit - reserved : 0;
   const std::uint64_t need = blocks_needed(sizes, block_, lookahead_);
+  std::uint64_t total = 0;
+  for (const std::uint64_t size : sizes) total += size;
+  hold_all_ = total <= budget_;
+  if (hold_all_) {
+    published_ = std::make_unique<std::atomic<const MappedFile*>[]>(first_.back());
+    for (std::uint64_t g = 0; g < first_.back(); ++g) published_[g].store(nullptr);
+  }
   if (need > budget_)
     throw ConfigError(
         "FLOWSTATE_CACHE_LIMIT",
@@ -102,8 +109,11 @@ RemoteBlocks::RemoteBlocks(std::vector<RemoteObject> objects, std::size_t lookah
             std::to_string(lookahead_) + " blocks of up to " + bytes_text(block_) +
             " ahead of the one read); raise FLOWSTATE_CACHE_LIMIT or lower the source's "
             "lookahead or FLOWSTATE_REMOTE_BLOCK");
-  const std::size_t downloaders = static_cast<std::size_t>(std::min<std::uint64_t>(
-      lookahead_, static_cast<std::uint64_t>(std::max(1, remote_.connections))));
+  // `connections` downloaders, fewer than the look-ahead's blocks when not all are held.
+  const auto connections = static_cast<std::uint64_t>(std::max(1, remote_.connections));
+  const std::size_t downloaders = static_cast<std::size_t>(
+      hold_all_ ? std::min<std::uint64_t>(connections, std::max<std::uint64_t>(1, first_.back()))
+                : std::min<std::uint64_t>(lookahead_, connections));
   for (std::size_t i = 0; i < downloaders; ++i)
     downloaders_.emplace_back([this] { download_ahead(); });
 }
@@ -137,15 +147,56 @@ ByteRange RemoteBlocks::range_of(std::uint64_t g) const {
   return block_range(objects_[k].size, block_, g - first_[k]);
 }
 
-std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t offset,
-                                              std::size_t length) const {
-  if (length == 0) return {};
+BlockSpan RemoteBlocks::span_of(std::size_t object, std::uint64_t offset,
+                                std::size_t length) const {
   const RemoteObject& o = objects_.at(object);
   if (offset > o.size || length > o.size - offset) [[unlikely]]
     throw DataError(o.url, offset,
                     "bytes " + std::to_string(offset) + "+" + std::to_string(length) + " of '" +
                         o.url + "' lie past its " + std::to_string(o.size) + " bytes");
-  const BlockSpan span = blocks_spanned(offset, length, block_);
+  return blocks_spanned(offset, length, block_);
+}
+
+const MappedFile& RemoteBlocks::held(std::uint64_t g) const {
+  if (const MappedFile* m = published_[g].load(std::memory_order_acquire)) [[likely]]
+    return *m;
+  open(g);  // publishes it
+  return *published_[g].load(std::memory_order_acquire);
+}
+
+std::span<const std::byte> RemoteBlocks::view(std::size_t object, std::uint64_t offset,
+                                              std::size_t length) const {
+  if (length == 0) return {};
+  const BlockSpan span = span_of(object, offset, length);
+  if (span.first == span.last)
+    return {held(first_[object] + span.first).data() + (offset - span.first * block_), length};
+  {
+    std::lock_guard lock(kept_mu_);
+    const auto it = kept_[object].find(offset);
+    if (it != kept_[object].end() && it->second.size() == length) return it->second;
+  }
+  std::vector<std::byte> copy(length);
+  std::size_t done = 0;
+  for (std::uint64_t k = span.first; k <= span.last; ++k) {
+    const ByteRange r = block_range(objects_[object].size, block_, k);
+    const MappedFile& m = held(first_[object] + k);
+    const std::uint64_t from = std::max(offset, r.offset);
+    const std::uint64_t to = std::min(offset + length, r.offset + r.length);
+    std::memcpy(copy.data() + done, m.data() + (from - r.offset),
+                static_cast<std::size_t>(to - from));
+    done += static_cast<std::size_t>(to - from);
+  }
+  std::lock_guard lock(kept_mu_);
+  // A copy another thread kept meanwhile holds the same bytes: the first one stays.
+  return kept_[object].try_emplace(offset, std::move(copy)).first->second;
+}
+
+std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t offset,
+                                              std::size_t length) const {
+  if (length == 0) return {};
+  if (hold_all_) return view(object, offset, length);
+  const RemoteObject& o = objects_[object];
+  const BlockSpan span = span_of(object, offset, length);
   HeldBlock& t = t_held;
   if (span.first == span.last) {
     const std::uint64_t g = first_[object] + span.first;
@@ -270,6 +321,7 @@ void RemoteBlocks::fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) co
   } else {
     s.pin = std::move(pin);
     s.map = std::move(map);
+    if (hold_all_) published_[g].store(s.map.get(), std::memory_order_release);
   }
   changed_.notify_all();
   work_.notify_all();
@@ -284,7 +336,19 @@ void RemoteBlocks::download_ahead() {
   for (;;) {
     if (stop_) return;
     std::uint64_t claimed = kNone;
-    if (started_ && sequential_) {
+    if (started_ && hold_all_) {
+      // Every block, the front's first: from the front to the end, then from the start.
+      for (std::uint64_t i = 0; i < total && claimed == kNone; ++i) {
+        const std::uint64_t j = (front_ + i) % total;
+        const auto it = slots_.find(j);
+        if (it != slots_.end() && (it->second.map || it->second.fetching || it->second.error))
+          continue;
+        const std::uint64_t length = range_of(j).length;
+        held_bytes_ += length;  // (the limit holds every block: no room to make)
+        slots_[j].fetching = true;
+        claimed = j;
+      }
+    } else if (started_ && sequential_) {
       const std::uint64_t end = std::min(total, front_ + lookahead_ + 1);
       for (std::uint64_t j = front_ + 1; j < end; ++j) {
         const auto it = slots_.find(j);

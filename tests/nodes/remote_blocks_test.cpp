@@ -147,7 +147,7 @@ TEST(RemoteBlocks, BlocksTheReadsLeftBehindAreUnpinnedWhenTheLimitNeedsRoom) {
   TempDir dir;
   const RemoteObject o = unreachable("r.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
-  // Room for 3 blocks; the look-ahead holds 1 beside the block read.
+  // Room for 3 blocks (not all 16: none is held for good); the look-ahead holds 1 beside the block read.
   RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
   // Random reads (jumps: no look-ahead), each of a block of its own.
   for (const std::uint64_t k : {10u, 3u, 14u, 7u, 12u}) {
@@ -160,6 +160,32 @@ TEST(RemoteBlocks, BlocksTheReadsLeftBehindAreUnpinnedWhenTheLimitNeedsRoom) {
   // The first blocks read were the least recently read: unpinned, the cache may evict them.
   EXPECT_FALSE(pinned(dir, o, 4096, 10));
   EXPECT_FALSE(pinned(dir, o, 4096, 3));
+}
+
+TEST(RemoteBlocks, WhenTheLimitHoldsEveryBlockAllArePinnedAndViewsStayValid) {
+  TempDir dir;
+  const RemoteObject o = unreachable("all.bin", 6 * 4096 + 10);
+  for (std::uint64_t k = 0; k < block_count(o.size, 4096); ++k) seed_block(dir, o, 4096, k);
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing());
+  ASSERT_TRUE(blocks.holds_all());
+  const auto across = blocks.view(0, 4000, 5000);  // blocks 0 to 2
+  const auto within = blocks.view(0, 4096 * 6 + 1, 9);
+  // Every block is downloaded (here: found cached) in the background and stays pinned.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (blocks.fetches() < 7 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (std::uint64_t k = 0; k < 7; ++k) EXPECT_TRUE(pinned(dir, o, 4096, k)) << k;
+  // Reads meanwhile do not move the views.
+  for (std::uint64_t k = 0; k < 7; ++k) blocks.read(0, k * 4096, 10);
+  for (std::size_t i = 0; i < across.size(); ++i)
+    ASSERT_EQ(static_cast<char>(across[i]), byte_at(4000 + i)) << i;
+  for (std::size_t i = 0; i < within.size(); ++i)
+    ASSERT_EQ(static_cast<char>(within[i]), byte_at(4096 * 6 + 1 + i)) << i;
+  EXPECT_EQ(blocks.view(0, 4000, 5000).data(), across.data());  // copied once, kept
+  // One byte less and the limit no longer holds them all.
+  EXPECT_FALSE(
+      RemoteBlocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size - 1}, fast_failing())
+          .holds_all());
 }
 
 TEST(RemoteBlocks, AFailedBlockDownloadIsADataErrorNamingTheUrlAndTheRange) {
