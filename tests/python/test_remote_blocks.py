@@ -191,6 +191,29 @@ def test_indexed_over_s3_through_shuffle_pack_batch_is_the_local_run_on_a_quarte
         proxy.stop()
 
 
+def test_indexed_on_a_cache_that_holds_it_downloads_every_block_once_and_reads_warm(
+        tmp_path, data, s3):
+    want = run_digests(tmp_path, indexed_pipeline(tmp_path / "local.yaml",
+                                                  data / "ix/corpus.idx"), {},
+                       extra=("--epochs", "2"))
+    size = sum((data / f"ix/corpus.{e}").stat().st_size for e in ("idx", "bin"))
+    blocks = -(-(data / "ix/corpus.bin").stat().st_size // BLOCK)
+    proxy = FaultProxy(s3.port).start()
+    try:
+        yaml = indexed_pipeline(tmp_path / "remote.yaml", "s3://bucket/ix/corpus")
+        env = {**s3.env(proxy.url), **cache_env(tmp_path, size)}
+        assert run_digests(tmp_path, yaml, env, extra=("--epochs", "2")) == want
+        gets = [r for r in proxy.requests if r.startswith("GET ") and "list-type" not in r]
+        assert len(gets) == blocks + 1, gets  # each block once over two epochs, and the .idx
+        before = len(proxy.requests)
+        assert run_digests(tmp_path, yaml, env, extra=("--epochs", "2")) == want
+        warm = [r for r in proxy.requests[before:] if r.startswith("GET ")
+                and "list-type" not in r]
+        assert warm == [], warm  # a warm cache: no block downloaded again
+    finally:
+        proxy.stop()
+
+
 def test_indexed_over_https_from_nginx_reads_ranges_to_the_local_digests(tmp_path, data):
     want = run_digests(tmp_path, indexed_pipeline(tmp_path / "local.yaml",
                                                   data / "ix/corpus.idx"), {})
