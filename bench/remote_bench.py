@@ -91,7 +91,7 @@ def main():
         data = work / "indexed"
         glob, prefix = "corpus.*", "w2"
         if not data.exists():
-            data.mkdir()
+            data.mkdir(parents=True)
             run_cli(a.cli, ["gen", "indexed", "--out", str(data / "corpus"), "--docs",
                             str(a.docs)], {})
     else:

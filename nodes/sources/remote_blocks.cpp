@@ -1,5 +1,8 @@
 #include "flowstate/nodes/sources/remote_blocks.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -27,6 +30,17 @@ struct HeldBlock {
 thread_local HeldBlock t_held;
 
 constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
+/// Whether `bytes` are at most a quarter of the machine's memory (as IndexedSource populates).
+bool fits_a_quarter_of_memory(std::uint64_t bytes) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 &&
+         bytes <= static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 4;
+}
 
 }  // namespace
 
@@ -94,6 +108,7 @@ RemoteBlocks::RemoteBlocks(std::vector<RemoteObject> objects, std::size_t lookah
   std::uint64_t total = 0;
   for (const std::uint64_t size : sizes) total += size;
   hold_all_ = total <= budget_;
+  populate_ = hold_all_ && fits_a_quarter_of_memory(total);
   if (hold_all_) {
     published_ = std::make_unique<std::atomic<const MappedFile*>[]>(first_.back());
     for (std::uint64_t g = 0; g < first_.back(); ++g) published_[g].store(nullptr);
@@ -305,6 +320,11 @@ void RemoteBlocks::fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) co
   try {
     pin = cache_.fetch_range(o, r.offset, r.length, remote_);
     map = std::make_shared<const MappedFile>(pin->path());
+    if (populate_ && !map->in_memory() && map->size() > 0)
+      // The block's pages mapped in here, on the downloader, as an indexed source's local
+      // .bin is populated: not faulted in by the workers' first reads, a few pages at a time.
+      // EINVAL (a kernel before 5.14) leaves them to the faults.
+      ::madvise(const_cast<std::byte*>(map->data()), map->size(), MADV_POPULATE_READ);
     if (map->size() != r.length)
       throw DataError(o.url, r.offset,
                       "the cached block of '" + o.url + "' at byte " + std::to_string(r.offset) +

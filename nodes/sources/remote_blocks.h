@@ -17,7 +17,8 @@
 // When the limit (less `reserved`) holds every block, the reader holds them all: from the
 // first read on, every block is downloaded in the background, `connections` at a time, the
 // blocks near the front first, and none is ever unpinned — a warm cache is then read at the
-// speed of mapped files, without a lock per read, and view() gives spans that stay valid as
+// speed of mapped files (their pages mapped in by the downloaders, as a local .bin's are),
+// without a lock per read, and view() gives spans that stay valid as
 // long as the reader lives (a range across blocks copied once, and kept).
 //
 // The limit must hold the look-ahead and the block being read: lookahead + 1 of the largest
@@ -160,6 +161,7 @@ class RemoteBlocks {
   mutable ObjectCache cache_;
   const std::uint64_t id_;  ///< this reader among all (the threads' held mapping names it)
   bool hold_all_ = false;   ///< every block fits: all are downloaded and none unpinned
+  bool populate_ = false;   ///< hold_all_, and at most a quarter of the memory: map pages in
   /// With hold_all_: each block's mapping once published (its slot keeps it for good).
   std::unique_ptr<std::atomic<const MappedFile*>[]> published_;
   mutable std::mutex kept_mu_;
