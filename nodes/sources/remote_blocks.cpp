@@ -369,7 +369,7 @@ void RemoteBlocks::download_ahead() {
         claimed = j;
       }
     } else if (started_ && sequential_) {
-      const std::uint64_t end = std::min(total, front_ + lookahead_ + 1);
+      const std::uint64_t end = std::min(total, front_ + lookahead_);
       for (std::uint64_t j = front_ + 1; j < end; ++j) {
         const auto it = slots_.find(j);
         if (it != slots_.end() && (it->second.map || it->second.fetching || it->second.error))

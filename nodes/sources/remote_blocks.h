@@ -7,10 +7,10 @@
 //
 // The order. A read of block g moves the front to g when g lies at or past it: within
 // `lookahead` blocks of the front (the reads progress: in order, a buffer shuffle, pack's
-// documents) the look-ahead is the blocks (g, g + lookahead], downloaded in the background in
-// block order, `connections` at a time, and never unpinned; farther (a jump: a global shuffle's
-// reads) the front moves without a look-ahead, so random reads download only what they read.
-// A read behind the front is a straggler; after new_pass() (the spine started an epoch) the
+// documents) the look-ahead is the blocks [g, g + lookahead), those after g downloaded in the
+// background in block order, `connections` at a time, and never unpinned; farther (a jump: a global
+// shuffle's reads) the front moves without a look-ahead, so random reads download only what they
+// read. A read behind the front is a straggler; after new_pass() (the spine started an epoch) the
 // next read sets the front wherever it is. Blocks outside the look-ahead stay pinned while the
 // limit has room and are unpinned least recently read first when a download needs their bytes.
 //
@@ -21,9 +21,10 @@
 // without a lock per read, and view() gives spans that stay valid as
 // long as the reader lives (a range across blocks copied once, and kept).
 //
-// The limit must hold the look-ahead and the block being read: lookahead + 1 of the largest
-// blocks (fewer when the objects have fewer), beside `reserved` bytes the source pins
-// otherwise (an indexed source's .idx copies); less is a ConfigError when the source is built.
+// The limit must hold the look-ahead and one block more (a straggler, read behind the front):
+// lookahead + 1 of the largest blocks (fewer when the objects have fewer), beside `reserved` bytes
+// the source pins otherwise (an indexed source's .idx copies); less is a ConfigError when the
+// source is built.
 //
 // A read returns a span valid on the calling thread until its next read through any
 // RemoteBlocks: within one block it points into the block's mapping (the thread holds it, so a
@@ -136,8 +137,9 @@ class RemoteBlocks {
   /// Block `g` (numbered across the objects) as a range of its object.
   std::size_t object_of(std::uint64_t g) const;
   ByteRange range_of(std::uint64_t g) const;
+  /// The look-ahead: [front, front + lookahead) while the reads progress, else the front.
   bool needed(std::uint64_t g) const {
-    return hold_all_ || (started_ && g >= front_ && g <= front_ + (sequential_ ? lookahead_ : 0));
+    return hold_all_ || (started_ && g >= front_ && g < front_ + (sequential_ ? lookahead_ : 1));
   }
   /// With hold_all_: block `g`'s mapping, downloading it first when it is not published yet.
   const MappedFile& held(std::uint64_t g) const;
