@@ -147,7 +147,7 @@ TEST(RemoteBlocks, BlocksTheReadsLeftBehindAreUnpinnedWhenTheLimitNeedsRoom) {
   TempDir dir;
   const RemoteObject o = unreachable("r.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
-  // Room for 3 blocks (not all 16: none is held for good); the look-ahead holds 1 beside the block read.
+  // Room for 3 blocks (not all 16: none is held for good); a look-ahead of 1: the block read.
   RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
   // Random reads (jumps: no look-ahead), each of a block of its own.
   for (const std::uint64_t k : {10u, 3u, 14u, 7u, 12u}) {
@@ -183,9 +183,8 @@ TEST(RemoteBlocks, WhenTheLimitHoldsEveryBlockAllArePinnedAndViewsStayValid) {
     ASSERT_EQ(static_cast<char>(within[i]), byte_at(4096 * 6 + 1 + i)) << i;
   EXPECT_EQ(blocks.view(0, 4000, 5000).data(), across.data());  // copied once, kept
   // One byte less and the limit no longer holds them all.
-  EXPECT_FALSE(
-      RemoteBlocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size - 1}, fast_failing())
-          .holds_all());
+  EXPECT_FALSE(RemoteBlocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size - 1}, fast_failing())
+                   .holds_all());
 }
 
 TEST(RemoteBlocks, AFailedBlockDownloadIsADataErrorNamingTheUrlAndTheRange) {
