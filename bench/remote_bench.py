@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Issue 23's remote benchmark, interleaved: a W1-shaped run (`records` -> global shuffle ->
-batch 256, `flowstate run`) on local files, on s3rver with a warm cache, cold from s3rver
+batch 256, `flowstate run`) or, with --workload w2, W2 (`indexed` -> global shuffle -> pack
+2048 -> batch 8, bench/w2_compare.sh's pipeline; the .idx fetched whole, the .bin read by
+range) on local files, on s3rver with a warm cache, cold from s3rver
 directly, and cold behind the fault proxy capped at --cap-mbs (the cap split evenly over
 the 8 connections both clients use), against a boto3 baseline — 8 threads of ranged GETs
 (8 MiB parts) of the same objects into memory, as a competent boto3 user writes it — on the
@@ -8,6 +10,7 @@ same two paths (direct: s3rver's own ceiling; proxy: the proxy's). Requests per 
 pages, GETs) come from the proxy's log. Servers are tests/python/remote_servers.py's.
 
   python3 bench/remote_bench.py --cli build/dev/cli/flowstate --mib 256 --rounds 3
+  python3 bench/remote_bench.py --cli build/dev/cli/flowstate --workload w2 --docs 200000
 
 Prints one line per run and a summary of medians with the issue's ratios.
 """
@@ -88,38 +91,59 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cap-mbs", type=float, default=200.0, help="the proxy's cap, MB/s")
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one)")
+    ap.add_argument("--workload", choices=["w1", "w2"], default="w1")
+    ap.add_argument("--docs", type=int, default=200000, help="W2's documents (w2_compare.sh's)")
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="flowstate-remote-bench-"))
-    records = a.mib * (1 << 20) // RECORD_BYTES
-    data = work / "records"
-    if not data.exists():
-        run_cli(a.cli, ["gen", "records", "--out", str(data), "--records", str(records),
-                        "--record-bytes", str(RECORD_BYTES), "--shards", str(SHARDS)], {})
-    total = sum(f.stat().st_size for f in data.glob("part-*.bin"))
+    if a.workload == "w2":
+        data = work / "indexed"
+        glob, prefix = "corpus.*", "w2"
+        if not data.exists():
+            data.mkdir(parents=True)
+            run_cli(a.cli, ["gen", "indexed", "--out", str(data / "corpus"), "--docs",
+                            str(a.docs)], {})
+    else:
+        data = work / "records"
+        glob, prefix = "part-*.bin", "w1"
+        records = a.mib * (1 << 20) // RECORD_BYTES
+        if not data.exists():
+            run_cli(a.cli, ["gen", "records", "--out", str(data), "--records", str(records),
+                            "--record-bytes", str(RECORD_BYTES), "--shards", str(SHARDS)], {})
+    total = sum(f.stat().st_size for f in data.glob(glob))
     s3 = S3Server(work / "s3").start()
     proxy = FaultProxy(s3.port, rate=a.cap_mbs * 1e6 / CONNECTIONS).start()
     try:
-        keys = s3.upload_dir(data, "w1", "part-*.bin")
+        keys = s3.upload_dir(data, prefix, glob)
         sizes = [(k, (data / Path(k).name).stat().st_size) for k in keys]
 
         def yaml(paths):
-            p = work / f"w1-{abs(hash(paths))}.yaml"
-            p.write_text(f'seed: 1\nsource: {{type: records, paths: "{paths}", '
-                         f'record_bytes: {RECORD_BYTES}}}\n'
-                         'nodes:\n  - shuffle: {mode: global}\n  - batch: {size: 256}\n')
+            p = work / f"{a.workload}-{abs(hash(paths))}.yaml"
+            if a.workload == "w2":
+                p.write_text(f'seed: 1234\nsource: {{type: indexed, paths: "{paths}", '
+                             'field: tokens}\nnodes:\n  - shuffle: {mode: global}\n'
+                             '  - pack: {length: 2048, separator: 0}\n  - batch: {size: 8}\n')
+            else:
+                p.write_text(f'seed: 1\nsource: {{type: records, paths: "{paths}", '
+                             f'record_bytes: {RECORD_BYTES}}}\n'
+                             'nodes:\n  - shuffle: {mode: global}\n  - batch: {size: 256}\n')
             return p
 
         # The same files copied (shutil.copyfile): on this kernel a run over files `gen` wrote
         # is faster than over the same bytes copied, whoever reads them — the page cache keeps
         # a file in folios the size of the writes that made it (see bench/RESULTS.md).
-        copied = work / "records-copied"
+        copied = work / f"{data.name}-copied"
         if not copied.exists():
             copied.mkdir()
-            for f in data.glob("part-*.bin"):
+            for f in data.glob(glob):
                 shutil.copyfile(f, copied / f.name)
-        local_yaml = yaml(str(data / "part-*.bin"))
-        copied_yaml = yaml(str(copied / "part-*.bin"))
-        s3_yaml = yaml("s3://bucket/w1/part-*.bin")
+        if a.workload == "w2":
+            local_yaml = yaml(str(data / "corpus.idx"))
+            copied_yaml = yaml(str(copied / "corpus.idx"))
+            s3_yaml = yaml("s3://bucket/w2/corpus")
+        else:
+            local_yaml = yaml(str(data / "part-*.bin"))
+            copied_yaml = yaml(str(copied / "part-*.bin"))
+            s3_yaml = yaml("s3://bucket/w1/part-*.bin")
         base = {"FLOWSTATE_REMOTE_CONNECTIONS": str(CONNECTIONS),
                 "FLOWSTATE_CACHE_LIMIT": str(4 * total)}
         warm_cache = work / "cache-warm"
@@ -166,7 +190,8 @@ def main():
                       flush=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         mbs = {k: total / v / 1e6 for k, v in med.items()}
-        print(f"\n{total / (1 << 20):.0f} MiB in {SHARDS} objects, {a.rounds} rounds, medians:")
+        print(f"\n{a.workload}: {total / (1 << 20):.0f} MiB in {len(keys)} objects, "
+              f"{a.rounds} rounds, medians:")
         for k in kinds:
             print(f"  {k:13s} {med[k]:7.3f} s  {mbs[k]:8.1f} MB/s  "
                   f"(min {min(times[k]):.3f}, max {max(times[k]):.3f})")

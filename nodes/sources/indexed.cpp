@@ -9,12 +9,14 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <unordered_map>
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14
 #endif
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 #include "flowstate/nodes/sources/remote_store.h"
 
 namespace flowstate {
@@ -69,6 +71,27 @@ std::optional<std::uint8_t> megatron_dtype_code(DType dtype) {
 IndexedFile::IndexedFile(const std::string& idx_path) {
   idx_ = std::make_shared<const MappedFile>(idx_path);
   copy_index_into_huge_pages();
+  check_index(idx_path);
+  bin_ = std::make_shared<const MappedFile>(bin_path(idx_path));
+  bin_data_ = bin_->data();
+  bin_name_ = bin_->path();
+  bin_size_ = bin_->size();
+  check_entries(idx_path);
+}
+
+IndexedFile::IndexedFile(std::shared_ptr<const CachePin> idx, const std::string& idx_url,
+                         const RemoteBlocks& blocks, std::size_t bin_object)
+    : idx_pin_(std::move(idx)), blocks_(&blocks), bin_object_(bin_object) {
+  idx_ = std::make_shared<const MappedFile>(idx_pin_->path());
+  copy_index_into_huge_pages();
+  // Messages name the object, not its copy in the cache.
+  check_index(idx_url);
+  bin_name_ = blocks.objects()[bin_object].url;
+  bin_size_ = blocks.objects()[bin_object].size;
+  check_entries(idx_url);
+}
+
+void IndexedFile::check_index(const std::string& idx_path) {
   const std::byte* p = idx_data_;
   const std::uint64_t size = idx_->size();
   auto fail = [&](std::uint64_t offset, const std::string& why) -> DataError {
@@ -106,9 +129,14 @@ IndexedFile::IndexedFile(const std::string& idx_path) {
                                             std::to_string(end + sequences_) + " with modes) for " +
                                             std::to_string(sequences_) + " sequences and " +
                                             std::to_string(documents_) + " documents");
+}
 
-  bin_ = std::make_shared<const MappedFile>(bin_path(idx_path));
-  const std::string& bin = bin_->path();
+void IndexedFile::check_entries(const std::string& idx_path) {
+  const std::string& bin = bin_name_;
+  auto fail = [&](std::uint64_t offset, const std::string& why) -> DataError {
+    return DataError(idx_path, offset, "'" + idx_path + "' is not a valid Megatron index: " + why);
+  };
+  const std::uint64_t doc_entries = documents_ + 1;
   // Sequences lie one after another from offset 0, as Megatron's writer puts them: documents
   // are then contiguous byte ranges, and the last sequence ends at the end of the .bin.
   std::uint64_t expected = 0;
@@ -124,14 +152,14 @@ IndexedFile::IndexedFile(const std::string& idx_path) {
                                            std::to_string(expected) +
                                            " (sequences are contiguous)");
     expected += static_cast<std::uint64_t>(n) * item_;
-    if (expected > bin_->size())
+    if (expected > bin_size_)
       throw fail(pointers_at_ + 8 * i, "sequence " + std::to_string(i) + " ends at byte " +
                                            std::to_string(expected) + ", past the end of '" + bin +
-                                           "' (" + std::to_string(bin_->size()) + " bytes)");
+                                           "' (" + std::to_string(bin_size_) + " bytes)");
   }
-  if (expected != bin_->size())
+  if (expected != bin_size_)
     throw DataError(bin, expected,
-                    "'" + bin + "' holds " + std::to_string(bin_->size()) + " bytes, its index '" +
+                    "'" + bin + "' holds " + std::to_string(bin_size_) + " bytes, its index '" +
                         idx_path + "' describes " + std::to_string(expected));
   std::int64_t previous = 0;
   bool identity = doc_entries == sequences_ + 1;
@@ -208,20 +236,35 @@ std::int64_t IndexedFile::doc(std::uint64_t d) const {
 }
 
 std::span<const std::byte> IndexedFile::sequence(std::uint64_t i) const {
-  return {bin_->data() + pointer(i), static_cast<std::size_t>(length(i)) * item_};
+  const auto begin = static_cast<std::uint64_t>(pointer(i));
+  return bin_bytes(begin, begin + static_cast<std::uint64_t>(length(i)) * item_);
 }
 
-std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
+std::pair<std::uint64_t, std::uint64_t> IndexedFile::document_range(std::uint64_t d) const {
   const auto first = one_sequence_per_document_ ? d : static_cast<std::uint64_t>(doc(d));
   const auto last = one_sequence_per_document_ ? d + 1 : static_cast<std::uint64_t>(doc(d + 1));
-  if (first == last) return {};
+  if (first == last) return {0, 0};
   // Sequences lie end to end (checked at open): a document ends where the next sequence
   // starts, or at the end of the .bin. Two neighbouring entries of two arrays: on a shuffled
   // order that is two cache misses, not the three or four of reading the last length too.
   const auto begin = static_cast<std::uint64_t>(pointer(first));
   const std::uint64_t end =
-      last < sequences_ ? static_cast<std::uint64_t>(pointer(last)) : bin_->size();
-  return {bin_->data() + begin, end - begin};
+      last < sequences_ ? static_cast<std::uint64_t>(pointer(last)) : bin_size_;
+  return {begin, end};
+}
+
+std::span<const std::byte> IndexedFile::document(std::uint64_t d) const {
+  const auto [begin, end] = document_range(d);
+  return bin_bytes(begin, end);
+}
+
+std::span<const std::byte> IndexedFile::stable(std::uint64_t i, bool document) const {
+  if (document) {
+    const auto [begin, end] = document_range(i);
+    return blocks_->view(bin_object_, begin, static_cast<std::size_t>(end - begin));
+  }
+  return blocks_->view(bin_object_, static_cast<std::uint64_t>(pointer(i)),
+                       static_cast<std::size_t>(length(i)) * item_);
 }
 
 void IndexedFile::prefetch_sequence(std::uint64_t i) const {
@@ -253,27 +296,99 @@ IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint
       options_(std::move(options)),
       field_(field_id(options_.field)) {
   validate_fields(options_, "indexed");
-  for (const auto& p : options_.paths)
-    if (is_remote_url(p))
-      throw ConfigError("indexed.paths", "'" + redact_url(p) +
-                                             "': an indexed source reads local files only (a "
-                                             "remote PREFIX.bin + PREFIX.idx pair is not "
-                                             "supported yet)");
   set_verify(options_.verify);
+  if (std::any_of(options_.paths.begin(), options_.paths.end(),
+                  [](const std::string& p) { return is_remote_url(p); })) {
+    open_with_remote();
+    return;  // nothing is mapped to populate
+  }
   for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
     auto f = std::make_unique<IndexedFile>(named.path);
     if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())
       throw DataError(named.path, DataError::kNoOffset,
                       "'" + named.path + "' holds " + std::string(dtype_name(f->dtype())) +
-                          " tokens, '" + files_data_.front()->bin().path() + "' " +
+                          " tokens, '" + files_data_.front()->bin_name() + "' " +
                           std::string(dtype_name(files_data_.front()->dtype())) +
                           ": one indexed source reads one dtype");
     // The identity is the .bin's (the tokens); the index's count is its `items`.
-    add_file({.path = f->bin().path(), .name = bin_path(named.name)}, f->bin(),
+    add_file({.path = f->bin_name(), .name = bin_path(named.name)}, *f->mapped_bin(),
              options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences());
     files_data_.push_back(std::move(f));
   }
   start_populating();
+}
+
+void IndexedSource::open_with_remote() {
+  // Each pattern's pairs in order: a local pattern's as expand_named_paths gives them, a URL's
+  // .idx objects as listed (once per job), each with the .bin listed beside it.
+  struct Pair {
+    ExpandedPath local;
+    std::optional<RemoteObject> idx;  ///< a remote pair's .idx
+    std::size_t bin = 0;              ///< a remote pair's .bin among `bins`
+  };
+  std::vector<Pair> pairs;
+  std::vector<RemoteObject> idx_objects, bins;
+  const SourceRemote settings = source_remote("indexed", options_);
+  const RemoteSettings remote = resolve_remote_settings(&settings);
+  for (const auto& p : options_.paths) {
+    if (!is_remote_url(p)) {
+      for (auto& named : expand_named_paths({p}, options_.base_dir))
+        pairs.push_back({.local = std::move(named)});
+      continue;
+    }
+    const std::string idx_pattern = p.ends_with(".idx") ? p : p + ".idx";
+    const auto idx_listed = job_listing(idx_pattern, remote);
+    const auto bin_listed = job_listing(bin_path(idx_pattern), remote);
+    std::unordered_map<std::string, const RemoteObject*> bin_by_url;
+    for (const auto& o : bin_listed) bin_by_url.emplace(o.url, &o);
+    for (const auto& o : idx_listed) {
+      const std::string want = bin_path(o.url);
+      const auto it = bin_by_url.find(want);
+      if (it == bin_by_url.end())
+        throw DataError(want, DataError::kNoOffset,
+                        "'" + o.url + "' has no '" + want +
+                            "' beside it (an indexed source "
+                            "reads PREFIX.idx with PREFIX.bin)");
+      pairs.push_back({.idx = o, .bin = bins.size()});
+      idx_objects.push_back(o);
+      bins.push_back(*it->second);
+    }
+  }
+  // The .idx copies stay pinned while the source lives (every lookup reads them); the .bin
+  // blocks share the rest of the limit, checked before any download.
+  std::uint64_t idx_bytes = 0;
+  for (const auto& o : idx_objects) idx_bytes += o.size;
+  CacheSettings cache = resolve_cache_settings(&settings);
+  blocks_ = std::make_unique<RemoteBlocks>(bins, options_.lookahead, block_bytes_from_environment(),
+                                           cache, remote, idx_bytes);
+  const auto idx_pins = ObjectCache(cache).fetch(idx_objects, remote);
+  std::size_t r = 0;
+  for (auto& pair : pairs) {
+    const std::string shown = pair.idx ? pair.idx->url : pair.local.path;
+    auto f = pair.idx
+                 ? std::make_unique<IndexedFile>(idx_pins[r++], pair.idx->url, *blocks_, pair.bin)
+                 : std::make_unique<IndexedFile>(pair.local.path);
+    if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())
+      throw DataError(shown, DataError::kNoOffset,
+                      "'" + shown + "' holds " + std::string(dtype_name(f->dtype())) +
+                          " tokens, '" + files_data_.front()->bin_name() + "' " +
+                          std::string(dtype_name(files_data_.front()->dtype())) +
+                          ": one indexed source reads one dtype");
+    const std::uint64_t items =
+        options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences();
+    if (pair.idx) {
+      // The pair is two objects: the .bin's URL names it, and the ETag recorded is both (the
+      // index decides where each document starts: a changed .idx is other data).
+      const RemoteObject& bin = bins[pair.bin];
+      const std::string etag = bin.etag.empty() && pair.idx->etag.empty()
+                                   ? std::string()
+                                   : bin.etag + " (index " + pair.idx->etag + ")";
+      add_remote_file(bin.url, bin.size, etag, items);
+    } else {
+      add_file({.path = f->bin_name(), .name = bin_path(pair.local.name)}, *f->mapped_bin(), items);
+    }
+    files_data_.push_back(std::move(f));
+  }
 }
 
 IndexedSource::~IndexedSource() {
@@ -292,9 +407,10 @@ void IndexedSource::start_populating() {
   std::uint64_t total = 0;
   std::vector<const MappedFile*> bins;
   for (const auto& f : files_data_) {
-    if (f->bin().in_memory() || f->bin().size() == 0) continue;
-    total += f->bin().size();
-    bins.push_back(&f->bin());
+    const MappedFile* bin = f->mapped_bin();
+    if (bin == nullptr || bin->in_memory() || bin->size() == 0) continue;
+    total += bin->size();
+    bins.push_back(bin);
   }
   if (bins.empty() || total > memory / 4) return;
   populate_pid_ = ::getpid();
@@ -312,6 +428,10 @@ void IndexedSource::start_populating() {
       }
     }
   });
+}
+
+void IndexedSource::epoch_started(std::uint64_t /*epoch*/) {
+  if (blocks_) blocks_->new_pass();
 }
 
 std::span<const std::byte> IndexedSource::record(const Ref& ref) const {
@@ -332,7 +452,14 @@ void IndexedSource::read(const Ref& ref, Sample& sample) const {
 
 std::optional<RecordView> IndexedSource::view(const Ref& ref, FieldId field) const {
   if (field != field_) return std::nullopt;
-  return RecordView{files_data_[ref.shard]->dtype(), record(ref)};
+  const IndexedFile& f = *files_data_[ref.shard];
+  if (f.remote()) {
+    // Blocks of a remote .bin stay where they lie only while the reader holds them all;
+    // otherwise pack and filter read() its documents.
+    if (!blocks_->holds_all()) return std::nullopt;
+    return RecordView{f.dtype(), f.stable(local(ref), options_.unit == IndexedUnit::kDocument)};
+  }
+  return RecordView{f.dtype(), record(ref)};
 }
 
 void IndexedSource::views(std::span<const Ref> refs, FieldId field,

@@ -38,6 +38,10 @@
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/object_cache.h"
+#include "flowstate/nodes/sources/remote_blocks.h"
+#include "flowstate/nodes/sources/remote_options.h"
+#include "flowstate/nodes/sources/remote_window.h"
 
 namespace flowstate {
 
@@ -60,6 +64,10 @@ struct IndexedOptions {
   /// Relative paths resolve against it (a YAML file's directory); not described.
   std::filesystem::path base_dir;
   FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
+  /// Blocks of a remote .bin held ahead of the reads (see RemoteBlocks; free).
+  std::size_t lookahead = kDefaultLookahead;
+  CacheOptions cache;    ///< the local cache of remote files (free)
+  RemoteOptions remote;  ///< how remote files are reached (free)
 
   static constexpr auto table() {
     using O = IndexedOptions;
@@ -67,11 +75,21 @@ struct IndexedOptions {
         param("paths", &O::paths,
               {.required = true,
                .doc = "the .idx files (each beside its .bin) or globs, each glob's matches in "
-                      "sorted order; relative to the YAML file",
+                      "sorted order; relative to the YAML file; or s3://, http(s):// URLs of "
+                      "PREFIX or PREFIX.idx (the .idx fetched whole, the .bin read by range)",
                .check = check_paths}),
         param("field", &O::field, {.doc = "name of the 1-D field (the file's dtype)"}),
         param("unit", &O::unit, {.doc = "a record is a document or a sequence"}),
         verify_param<O>(),
+        param("lookahead", &O::lookahead,
+              {.min = 1,
+               .free = true,
+               .doc = "blocks of a remote PREFIX.bin (s3://, http(s)://) held ahead of the "
+                      "reads, downloading in the background; the cache limit must hold the "
+                      ".idx files and this many blocks and one more",
+               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
+        cache_param<O>(),
+        remote_param<O>(),
     };
   }
 };
@@ -98,19 +116,45 @@ class IndexedFile {
  public:
   /// Maps and checks `idx_path` and the .bin beside it; DataError naming the file and entry.
   explicit IndexedFile(const std::string& idx_path);
+  /// A remote pair: the .idx's cached copy `idx` (named `idx_url` in messages), and the .bin,
+  /// object `bin_object` of `blocks`, read by range. Checks as the local one does.
+  IndexedFile(std::shared_ptr<const CachePin> idx, const std::string& idx_url,
+              const RemoteBlocks& blocks, std::size_t bin_object);
 
   DType dtype() const { return dtype_; }
   std::uint64_t sequences() const { return sequences_; }
   std::uint64_t documents() const { return documents_; }
-  const MappedFile& bin() const { return *bin_; }
-  /// The bytes of sequence `i` / document `d`.
+  /// The mapped .bin of a local pair; null for a remote one.
+  const MappedFile* mapped_bin() const { return bin_.get(); }
+  /// The .bin's path, or its URL.
+  const std::string& bin_name() const { return bin_name_; }
+  std::uint64_t bin_size() const { return bin_size_; }
+  /// The bytes of sequence `i` / document `d` (of a remote .bin: valid on the calling thread
+  /// until its next read; see RemoteBlocks::read).
   std::span<const std::byte> sequence(std::uint64_t i) const;
   std::span<const std::byte> document(std::uint64_t d) const;
   /// Asks for the index entries sequence `i` / document `d` will read (no wait: a prefetch).
   void prefetch_sequence(std::uint64_t i) const;
   void prefetch_document(std::uint64_t d) const;
+  /// Whether the .bin is remote (read by blocks).
+  bool remote() const { return blocks_ != nullptr; }
+  /// Of a remote .bin whose reader holds every block: document `i` (`document`) or sequence
+  /// `i`, valid as long as the reader lives (RemoteBlocks::view).
+  std::span<const std::byte> stable(std::uint64_t i, bool document) const;
 
  private:
+  /// Reads the header of the .idx (named `idx` in messages) and checks its layout.
+  void check_index(const std::string& idx);
+  /// Checks the sequences and documents against the .bin's size.
+  void check_entries(const std::string& idx);
+  /// Bytes [begin, end) of document `d` / sequence `i` in the .bin.
+  std::pair<std::uint64_t, std::uint64_t> document_range(std::uint64_t d) const;
+  /// Bytes [begin, end) of the .bin.
+  std::span<const std::byte> bin_bytes(std::uint64_t begin, std::uint64_t end) const {
+    if (blocks_ != nullptr) [[unlikely]]
+      return blocks_->read(bin_object_, begin, static_cast<std::size_t>(end - begin));
+    return {bin_data_ + begin, static_cast<std::size_t>(end - begin)};
+  }
   std::int32_t length(std::uint64_t i) const;
   std::int64_t pointer(std::uint64_t i) const;
   std::int64_t doc(std::uint64_t d) const;
@@ -120,7 +164,13 @@ class IndexedFile {
   /// touch faults (~1000 for 200 000 documents), and each lookup risks a TLB miss.
   void copy_index_into_huge_pages();
 
-  std::shared_ptr<const MappedFile> idx_, bin_;
+  std::shared_ptr<const MappedFile> idx_, bin_;  ///< bin_: null for a remote .bin
+  std::shared_ptr<const CachePin> idx_pin_;      ///< a remote .idx's cached copy, pinned
+  const std::byte* bin_data_ = nullptr;          ///< the mapped .bin (local)
+  const RemoteBlocks* blocks_ = nullptr;         ///< the remote .bin's reader, or null
+  std::size_t bin_object_ = 0;                   ///< the .bin among blocks_'s objects
+  std::string bin_name_;
+  std::uint64_t bin_size_ = 0;
   std::shared_ptr<std::byte> idx_copy_;  ///< the .idx's bytes in huge pages, or null
   const std::byte* idx_data_ = nullptr;  ///< the .idx's bytes: idx_copy_ or the mapping
   DType dtype_ = DType::kUInt8;
@@ -159,12 +209,20 @@ class IndexedSource final : public FileSource {
   void views(std::span<const Ref> refs, FieldId field,
              std::span<std::optional<RecordView>> out) const override;
 
+ protected:
+  void epoch_started(std::uint64_t epoch) override;
+
  private:
   /// Starts populate_ over the mapped .bin files (see the class comment).
   void start_populating();
+  /// Opens the pairs `paths` name when any is a URL (a local one as before), in order.
+  void open_with_remote();
 
   IndexedOptions options_;
   FieldId field_;
+  /// Reads the remote .bin files by range; null when every file is local. Declared before
+  /// files_data_, which point into it: destroyed after them.
+  std::unique_ptr<RemoteBlocks> blocks_;
   std::vector<std::unique_ptr<IndexedFile>> files_data_;
   /// Maps the .bin files' pages in; joined by the destructor in the process that started it (a
   /// forked child's copy of the source leaves it: the thread stayed in the parent).

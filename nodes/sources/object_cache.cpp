@@ -177,6 +177,15 @@ std::string cache_key(const RemoteObject& object) {
   return hex64(hash64(object.url)) + hex64(hash_combine(hash64(object.etag), object.size));
 }
 
+std::string block_key(const RemoteObject& object, std::uint64_t offset, std::uint64_t length) {
+  // The whole object's key with the range folded into its second half: another name for each
+  // block, and none equal to a whole copy's (a range is never hashed into the whole key).
+  return hex64(hash64(object.url)) +
+         hex64(hash_combine(
+             hash_combine(hash_combine(hash64(object.etag), object.size), hash64("range")),
+             hash_combine(offset, length)));
+}
+
 CachePin::~CachePin() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -237,14 +246,18 @@ bool ObjectCache::make_room(std::uint64_t bytes) {
 }
 
 std::shared_ptr<const CachePin> ObjectCache::lookup(const RemoteObject& object) {
-  const std::string path = (objects_ / (cache_key(object) + ".obj")).string();
+  return lookup(cache_key(object), object.size);
+}
+
+std::shared_ptr<const CachePin> ObjectCache::lookup(const std::string& key, std::uint64_t size) {
+  const std::string path = (objects_ / (key + ".obj")).string();
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nullptr;
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != object.size ||
+  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != size ||
       ::flock(fd, LOCK_SH | LOCK_NB) != 0) {
     // Not whole (cannot happen through this cache): it goes, and is downloaded again.
-    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != object.size)
+    if (::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) != size)
       ::unlink(path.c_str());
     ::close(fd);
     return nullptr;
@@ -255,7 +268,18 @@ std::shared_ptr<const CachePin> ObjectCache::lookup(const RemoteObject& object) 
 
 std::shared_ptr<const CachePin> ObjectCache::download(const RemoteObject& object,
                                                       const RemoteSettings& remote) {
-  const std::string key = cache_key(object);
+  return download(cache_key(object), object, 0, object.size, remote);
+}
+
+std::shared_ptr<const CachePin> ObjectCache::download(const std::string& key,
+                                                      const RemoteObject& object,
+                                                      std::uint64_t offset, std::uint64_t length,
+                                                      const RemoteSettings& remote) {
+  // What is cached: the whole object, or (a block) its bytes [offset, offset + length).
+  const bool whole = offset == 0 && length == object.size;
+  const std::string shown = whole ? object.url
+                                  : object.url + " bytes " + std::to_string(offset) + "-" +
+                                        std::to_string(offset + length - 1);
   const std::string part = (partial_ / (key + "." + std::to_string(::getpid()) + "." +
                                         std::to_string(g_partial_counter.fetch_add(1)) + ".part"))
                                .string();
@@ -264,10 +288,10 @@ std::shared_ptr<const CachePin> ObjectCache::download(const RemoteObject& object
   for (;;) {
     {
       CacheLock lock(lock_path_);
-      if (auto pin = lookup(object)) return pin;  // another process fetched it meanwhile
-      if (make_room(object.size)) {
+      if (auto pin = lookup(key, length)) return pin;  // another process fetched it meanwhile
+      if (make_room(length)) {
         fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(object.size)) != 0) {
+        if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(length)) != 0) {
           const int err = errno;
           if (fd >= 0) {
             ::close(fd);
@@ -281,21 +305,20 @@ std::shared_ptr<const CachePin> ObjectCache::download(const RemoteObject& object
     }
     if (std::chrono::steady_clock::now() > deadline)
       throw DataError(object.url, DataError::kNoOffset,
-                      "cannot cache '" + object.url + "' (" + bytes_text(object.size) +
-                          "): the cache '" + settings_.dir.string() + "' (limit " +
-                          bytes_text(settings_.limit) +
+                      "cannot cache '" + shown + "' (" + bytes_text(length) + "): the cache '" +
+                          settings_.dir.string() + "' (limit " + bytes_text(settings_.limit) +
                           ") is held by copies other processes are reading");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   try {
-    download_object(object, fd, remote);
+    download_range(object, offset, length, fd, remote);
     if (::fsync(fd) != 0)
       throw DataError(part, DataError::kNoOffset,
                       "cannot write the cache file '" + part + "': " + std::strerror(errno));
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != object.size)
+    if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != length)
       throw DataError(object.url, DataError::kNoOffset,
-                      "the cached copy of '" + object.url + "' is not " + bytes_text(object.size));
+                      "the cached copy of '" + shown + "' is not " + bytes_text(length));
     const std::string path = (objects_ / (key + ".obj")).string();
     {
       CacheLock lock(lock_path_);
@@ -337,6 +360,22 @@ std::vector<std::shared_ptr<const CachePin>> ObjectCache::fetch(
     pins[missing[j]] = download(objects[missing[j]], remote);
   });
   return pins;
+}
+
+std::shared_ptr<const CachePin> ObjectCache::fetch_range(const RemoteObject& object,
+                                                         std::uint64_t offset, std::uint64_t length,
+                                                         const RemoteSettings& remote) {
+  if (length > settings_.limit)
+    throw ConfigError(settings_.limit_key, "the cache limit " + bytes_text(settings_.limit) +
+                                               " is smaller than a block of " + bytes_text(length) +
+                                               " of '" + object.url + "'; raise " +
+                                               settings_.limit_key);
+  const std::string key = block_key(object, offset, length);
+  {
+    CacheLock lock(lock_path_);
+    if (auto pin = lookup(key, length)) return pin;
+  }
+  return download(key, object, offset, length, remote);
 }
 
 std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern,

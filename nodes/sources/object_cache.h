@@ -5,6 +5,7 @@
 //
 //   lock                          flock'ed around every look-up, reservation, eviction, commit
 //   objects/<32 hex>.obj          a whole, verified copy; the name hashes the URL, ETag and size
+//                                 (or a block of one: bytes [a, b) of it, the range hashed too)
 //   objects/<32 hex>.obj.fsidx    a source's index of that copy (tar, lines), evicted with it
 //   partial/<32 hex>.<pid>.<n>.part  a download in progress, sized to the object's bytes
 //
@@ -94,13 +95,28 @@ class ObjectCache {
   std::vector<std::shared_ptr<const CachePin>> fetch(const std::vector<RemoteObject>& objects,
                                                      const RemoteSettings& remote);
 
+  /// Pins a copy of bytes [offset, offset + length) of `object` — a block of a range reader
+  /// (nodes/sources/remote_blocks.h) — downloading it when not cached (one ranged GET with
+  /// If-Match, retried, resuming within the range) under the same rules as a whole object:
+  /// reserved before the download, fsynced and renamed under the lock, pinned, evicted least
+  /// recently used when no one pins it. Its key is block_key(). A range longer than the limit
+  /// is a ConfigError; a failed download a DataError naming the URL and the byte range.
+  std::shared_ptr<const CachePin> fetch_range(const RemoteObject& object, std::uint64_t offset,
+                                              std::uint64_t length, const RemoteSettings& remote);
+
   /// Bytes the cache's files take now (copies, their indexes, partial downloads).
   std::uint64_t usage() const;
   const CacheSettings& settings() const { return settings_; }
 
  private:
   std::shared_ptr<const CachePin> lookup(const RemoteObject& object);
+  /// Under the lock: the copy named `key` when it is whole (`size` bytes), pinned and touched.
+  std::shared_ptr<const CachePin> lookup(const std::string& key, std::uint64_t size);
   std::shared_ptr<const CachePin> download(const RemoteObject& object,
+                                           const RemoteSettings& remote);
+  /// Downloads bytes [offset, offset + length) of `object` into the copy named `key`.
+  std::shared_ptr<const CachePin> download(const std::string& key, const RemoteObject& object,
+                                           std::uint64_t offset, std::uint64_t length,
                                            const RemoteSettings& remote);
   /// Under the lock: evicts until `bytes` more fit; false when pins prevent it.
   bool make_room(std::uint64_t bytes);
@@ -125,5 +141,8 @@ std::string bytes_text(std::uint64_t b);
 
 /// The cache key of an object: 32 hex digits from its URL, ETag and size.
 std::string cache_key(const RemoteObject& object);
+/// The cache key of bytes [offset, offset + length) of an object (a block): 32 hex digits from
+/// its URL, ETag, size and the range — never a whole copy's key.
+std::string block_key(const RemoteObject& object, std::uint64_t offset, std::uint64_t length);
 
 }  // namespace flowstate

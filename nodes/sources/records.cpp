@@ -54,22 +54,35 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
     maps_.push_back(std::move(m));
     remote_.push_back(0);
   }
-  if (!remote.empty())
-    window_ = std::make_unique<RemoteWindow>(std::move(remote), options_.lookahead,
-                                             resolve_cache_settings(&settings),
+  if (remote.empty()) return;
+  // Whole objects when the cache holds them all (each downloaded once, the fewest requests);
+  // blocks when it cannot: a shuffle's random reads then download blocks, not objects again.
+  CacheSettings cache = resolve_cache_settings(&settings);
+  std::uint64_t total = 0;
+  for (const auto& o : remote) total += o.size;
+  if (total > cache.limit)
+    blocks_ = std::make_unique<RemoteBlocks>(std::move(remote), options_.lookahead,
+                                             block_bytes_from_environment(), std::move(cache),
                                              resolve_remote_settings(&settings));
+  else
+    window_ = std::make_unique<RemoteWindow>(std::move(remote), options_.lookahead,
+                                             std::move(cache), resolve_remote_settings(&settings));
 }
 
 std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
   const std::size_t offset = local(ref) * options_.record_bytes;
   const MappedFile* m = maps_[ref.shard].get();
-  // A remote file's bytes stay valid on this thread until its next read of another file.
-  const std::byte* base = m != nullptr ? m->data() : window_->data(remote_[ref.shard]);
-  return {base + offset, options_.record_bytes};
+  if (m != nullptr) [[likely]]
+    return {m->data() + offset, options_.record_bytes};
+  // A remote file's bytes stay valid on this thread until its next read of another file
+  // (another block).
+  if (blocks_) return blocks_->read(remote_[ref.shard], offset, options_.record_bytes);
+  return {window_->data(remote_[ref.shard]) + offset, options_.record_bytes};
 }
 
 void RecordsSource::epoch_started(std::uint64_t /*epoch*/) {
   if (window_) window_->new_pass();
+  if (blocks_) blocks_->new_pass();
 }
 
 void RecordsSource::read(const Ref& ref, Sample& sample) const {

@@ -23,6 +23,7 @@
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
 #include "flowstate/nodes/sources/remote_options.h"
+#include "flowstate/nodes/sources/remote_blocks.h"
 #include "flowstate/nodes/sources/remote_window.h"
 
 namespace flowstate {
@@ -66,9 +67,11 @@ const NodeDef& records_node();
 
 /// The `records` source. Opening validates every file: an empty match, an unreadable file,
 /// or a size that is not a multiple of record_bytes is a DataError naming the file. Remote
-/// files (`s3://`, `http(s)://`) are numbered from their listed sizes and read through a
-/// RemoteWindow: downloaded when first read and `lookahead` files ahead, not when the source
-/// is built.
+/// files (`s3://`, `http(s)://`) are numbered from their listed sizes and downloaded as the
+/// reads reach them, not when the source is built: whole, through a RemoteWindow (`lookahead`
+/// files ahead), when the cache limit holds all of them; else by range, through RemoteBlocks
+/// (blocks of FLOWSTATE_REMOTE_BLOCK bytes, `lookahead` blocks ahead of reads that progress),
+/// so a global shuffle over a cache smaller than the data downloads blocks, not objects.
 class RecordsSource final : public FileSource {
  public:
   RecordsSource(std::string name, RecordsOptions options, std::uint32_t source_id = 0);
@@ -85,8 +88,11 @@ class RecordsSource final : public FileSource {
   RecordsOptions options_;
   FieldId field_;
   std::vector<std::shared_ptr<const MappedFile>> maps_;  ///< null for a remote file
-  std::vector<std::size_t> remote_;       ///< per file its object in window_ (remote files)
-  std::unique_ptr<RemoteWindow> window_;  ///< the remote files; null when there are none
+  std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
+  /// The remote files read whole, when the cache limit holds them all; else null.
+  std::unique_ptr<RemoteWindow> window_;
+  /// The remote files read by range, when they are larger together than the cache limit.
+  std::unique_ptr<RemoteBlocks> blocks_;
 };
 
 /// Fills `record` with synthetic record `index`: `index` as a little-endian uint64 (its low

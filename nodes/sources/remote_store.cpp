@@ -573,41 +573,73 @@ class AlignedWriter {
 
 void download_object(const RemoteObject& object, int fd, const RemoteSettings& s,
                      const std::function<void(std::uint64_t)>& progress) {
-  std::uint64_t got = 0;
+  download_range(object, 0, object.size, fd, s, progress);
+}
+
+void download_range(const RemoteObject& object, std::uint64_t offset, std::uint64_t length, int fd,
+                    const RemoteSettings& s, const std::function<void(std::uint64_t)>& progress) {
+  if (offset > object.size || length > object.size - offset)
+    throw DataError(object.url, offset,
+                    "cannot download bytes " + std::to_string(offset) + "+" +
+                        std::to_string(length) + " of '" + object.url + "' (" +
+                        std::to_string(object.size) + " bytes listed)");
+  // Messages name the range when it is not the whole object.
+  const std::string shown = offset == 0 && length == object.size
+                                ? object.url
+                                : object.url + " bytes " + std::to_string(offset) + "-" +
+                                      std::to_string(offset + length - 1);
+  std::uint64_t got = 0;  // bytes of the range received, written at [0, got) of `fd`
   std::string write_error;
   int failures = 0, attempts = 0;
   AlignedWriter writer(fd);
   for (bool done = false; !done;) {
     Request req{.url = object.fetch_url, .s3 = object.s3, .if_match = object.etag};
-    if (object.size > 0) req.range = std::to_string(got) + "-" + std::to_string(object.size - 1);
+    if (length > 0)
+      req.range = std::to_string(offset + got) + "-" + std::to_string(offset + length - 1);
     const std::uint64_t at_start = got;
     bool first = true;
+    std::uint64_t skip = 0;  // bytes of a 200's whole object before the range
+    bool complete = false;   // a 200's body reached the range's end: the rest is not needed
     writer.start(got);
     req.body = [&, r = &req](const char* d, std::size_t n) {
-      // A 200 to a range request is the whole object again: it starts at byte 0.
+      // A 200 to a range request is the whole object again: it starts at byte 0, and the
+      // bytes before the range are skipped.
       if (first && r->resp.status == 200) {
         got = 0;
+        skip = offset;
         writer.start(0);
       }
       first = false;
       if (r->resp.status != 200 && r->resp.status != 206) return true;  // an error's body
-      if (got + n > object.size) {
+      if (skip > 0) {
+        const std::size_t drop = static_cast<std::size_t>(std::min<std::uint64_t>(skip, n));
+        skip -= drop;
+        d += drop;
+        n -= drop;
+      }
+      if (r->resp.status == 200 && got + n > length && length < object.size) {
+        n = static_cast<std::size_t>(length - got);  // past the range: not needed
+        complete = true;
+      }
+      const std::uint64_t at = got;
+      if (at + n > length) {
         write_error =
-            "the server sent more than the " + std::to_string(object.size) + " bytes it listed";
+            "the server sent more than the " + std::to_string(length) + " bytes asked for";
         return false;
       }
       if (!writer.add(d, n, write_error)) return false;
       got += n;
-      return true;
+      return !complete;  // aborts the transfer once a whole object's answer covered the range
     };
     ++attempts;
     g_gets.fetch_add(1, std::memory_order_relaxed);
-    const Response r = perform(req, s);
+    Response r = perform(req, s);
     // What arrived is written whatever ended the attempt: a retry resumes after it.
     if (write_error.empty()) writer.flush(write_error);
     if (progress && got > at_start) progress(got);
     if (!write_error.empty())
-      throw DataError(object.url, got, "cannot download '" + object.url + "': " + write_error);
+      throw DataError(object.url, offset + got, "cannot download '" + shown + "': " + write_error);
+    if (complete && got == length) r.code = CURLE_OK;  // the abort was ours: the range is in
     if ((r.status == 200 || r.status == 206) && !object.etag.empty() && !r.etag.empty() &&
         r.etag != object.etag)
       // A server that ignores If-Match (s3rver does) sent another version: refused as a 412.
@@ -615,10 +647,10 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
                       "'" + object.url + "' changed on the server since it was listed (its ETag " +
                           object.etag + " is now " + r.etag + ")");
     if (r.code == CURLE_OK && (r.status == 200 || r.status == 206)) {
-      done = got == object.size;
+      done = got == length;
       if (!done && got == at_start) {
         // A success that carried nothing: count it as a failure.
-        if (++failures >= s.attempts) fail(object.url, r, attempts, "download");
+        if (++failures >= s.attempts) fail(shown, r, attempts, "download");
         backoff_sleep(s, failures);
       }
       continue;
@@ -629,7 +661,7 @@ void download_object(const RemoteObject& object, int fd, const RemoteSettings& s
                           object.etag + " no longer matches)");
     if (got > at_start || (r.status == 200 && got > 0))
       failures = 0;  // progress: the link works, only this connection broke
-    if (!retryable(r) || ++failures >= s.attempts) fail(object.url, r, attempts, "download");
+    if (!retryable(r) || ++failures >= s.attempts) fail(shown, r, attempts, "download");
     g_retries.fetch_add(1, std::memory_order_relaxed);
     backoff_sleep(s, failures);
   }

@@ -110,6 +110,16 @@ void for_each_connection(std::size_t count, int connections,
 void download_object(const RemoteObject& object, int fd, const RemoteSettings& settings,
                      const std::function<void(std::uint64_t)>& progress = {});
 
+/// Downloads bytes [offset, offset + length) of `object` into the open file `fd` (written at
+/// [0, length)), as download_object does a whole object: If-Match with the listed ETag on every
+/// GET, retries per `settings` resuming at the first byte of the range not yet received (a 200
+/// to a range request is read from its start, the bytes outside the range dropped). The range
+/// must lie within the listed size (else a DataError). `progress` is told the range's bytes
+/// received so far.
+void download_range(const RemoteObject& object, std::uint64_t offset, std::uint64_t length, int fd,
+                    const RemoteSettings& settings,
+                    const std::function<void(std::uint64_t)>& progress = {});
+
 /// Waits until this process may start one more request under a bound of `rate` requests per
 /// second (RemoteSettings::rate; 0: returns at once). One schedule for the whole process, so
 /// every connection shares it: the k-th request starts no sooner than k / rate seconds after

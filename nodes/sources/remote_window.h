@@ -92,8 +92,9 @@ std::vector<SourceFile> list_source_files(const std::vector<std::string>& patter
 inline constexpr std::size_t kDefaultLookahead = 8;
 /// The doc of a source's `lookahead` option.
 inline constexpr const char* kLookaheadDoc =
-    "remote files (s3://, http(s)://) held ahead of the reads, downloading in the background; "
-    "the cache limit must hold this many files and one more";
+    "remote files (s3://, http(s)://) held ahead of the reads, downloading in the background "
+    "(blocks, when the source reads them by range); the cache limit must hold this many files "
+    "(blocks) and one more";
 
 struct WindowBudget;
 

@@ -195,7 +195,8 @@ class FaultProxy:
 
     `rate` caps the bytes per second sent to the client, per connection. `always` is a fault
     applied to every connection once `faults` is empty (None: pass through). Request lines seen
-    are kept in `requests`, their arrival times in `times`."""
+    are kept in `requests`, their arrival times in `times`; `bytes` counts the bytes of the
+    answers passed to the clients (headers included)."""
 
     def __init__(self, upstream_port, faults=(), rate=None, always=None):
         self.upstream_port = upstream_port
@@ -205,6 +206,7 @@ class FaultProxy:
         self.requests = []
         self.times = []  # when each request of `requests` arrived (time.monotonic())
         self.connections = 0
+        self.bytes = 0
         self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -296,6 +298,8 @@ class FaultProxy:
                     return
                 client.sendall(chunk)
                 sent += len(chunk)
+                with self.lock:
+                    self.bytes += len(chunk)
                 if self.rate:
                     ahead = sent / self.rate - (time.monotonic() - start)
                     if ahead > 0:

@@ -4,7 +4,9 @@ epochs with the digests of the same pipeline on local files and the cache direct
 peak within the limit; a run killed with SIGKILL mid-epoch resumes on that small cache to the
 uninterrupted run's digests; a limit below the look-ahead is a configuration error at build
 time; an error about a record of a cached copy names the URL. Each test starts and stops
-its own servers; every wait is bounded."""
+its own servers; every wait is bounded. (Since range reads, a `records` source whose objects
+exceed the limit, as here, reads them through nodes/sources/remote_blocks.h — with the default
+4 MiB block each shard is one block — under the same front, look-ahead and straggler rules.)"""
 import os
 import signal
 import subprocess

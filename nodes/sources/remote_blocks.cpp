@@ -1,0 +1,398 @@
+#include "flowstate/nodes/sources/remote_blocks.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "flowstate/core/error.h"
+
+namespace flowstate {
+
+namespace {
+
+std::atomic<std::uint64_t> g_reader_ids{1};
+
+/// The block mapping a thread read last, and whose, and the thread's buffer for ranges across
+/// blocks: both live until the thread's next read, so a span read() returned stays valid
+/// however the reader moves meanwhile.
+struct HeldBlock {
+  std::uint64_t reader = 0;
+  std::uint64_t g = 0;
+  std::shared_ptr<const MappedFile> map;
+  std::vector<std::byte> buffer;
+};
+thread_local HeldBlock t_held;
+
+constexpr std::uint64_t kNone = ~std::uint64_t{0};
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
+/// Whether `bytes` are at most a quarter of the machine's memory (as IndexedSource populates).
+bool fits_a_quarter_of_memory(std::uint64_t bytes) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 &&
+         bytes <= static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 4;
+}
+
+}  // namespace
+
+std::uint64_t block_bytes_from_environment() {
+  const char* v = std::getenv("FLOWSTATE_REMOTE_BLOCK");
+  if (v == nullptr || *v == '\0') return kDefaultBlockBytes;
+  const std::uint64_t b = parse_byte_size(v, "FLOWSTATE_REMOTE_BLOCK");
+  if (b < kMinBlockBytes)
+    throw ConfigError("FLOWSTATE_REMOTE_BLOCK", "'" + std::string(v) + "' is below the " +
+                                                    std::to_string(kMinBlockBytes) +
+                                                    "-byte smallest block");
+  return b;
+}
+
+std::uint64_t block_count(std::uint64_t size, std::uint64_t block) {
+  return size / block + (size % block != 0 ? 1 : 0);
+}
+
+ByteRange block_range(std::uint64_t size, std::uint64_t block, std::uint64_t k) {
+  const std::uint64_t offset = k * block;
+  return {offset, std::min(block, size - offset)};
+}
+
+BlockSpan blocks_spanned(std::uint64_t offset, std::uint64_t length, std::uint64_t block) {
+  return {offset / block, (offset + length - 1) / block};
+}
+
+std::uint64_t blocks_needed(const std::vector<std::uint64_t>& sizes, std::uint64_t block,
+                            std::size_t lookahead) {
+  // The largest blocks: each object's first one (min(block, size)) is its largest, and an
+  // object of n blocks has n - 1 of full size.
+  std::vector<std::uint64_t> largest;
+  const std::size_t want = lookahead + 1;
+  for (const std::uint64_t size : sizes) {
+    const std::uint64_t n = block_count(size, block);
+    for (std::uint64_t k = 0; k < n && k < want; ++k)
+      largest.push_back(block_range(size, block, k).length);
+  }
+  const std::size_t held = std::min(largest.size(), want);
+  std::partial_sort(largest.begin(), largest.begin() + static_cast<std::ptrdiff_t>(held),
+                    largest.end(), std::greater<>());
+  std::uint64_t need = 0;
+  for (std::size_t i = 0; i < held; ++i) need += largest[i];
+  return need;
+}
+
+RemoteBlocks::RemoteBlocks(std::vector<RemoteObject> objects, std::size_t lookahead,
+                           std::uint64_t block_bytes, CacheSettings cache, RemoteSettings remote,
+                           std::uint64_t reserved)
+    : objects_(std::move(objects)),
+      block_(std::max(block_bytes, kMinBlockBytes)),
+      lookahead_(std::max<std::size_t>(1, lookahead)),
+      remote_(std::move(remote)),
+      cache_(std::move(cache)),
+      id_(g_reader_ids.fetch_add(1)) {
+  std::vector<std::uint64_t> sizes;
+  first_.push_back(0);
+  for (const auto& o : objects_) {
+    sizes.push_back(o.size);
+    first_.push_back(first_.back() + block_count(o.size, block_));
+  }
+  const std::uint64_t limit = cache_.settings().limit;
+  budget_ = limit > reserved ? limit - reserved : 0;
+  const std::uint64_t need = blocks_needed(sizes, block_, lookahead_);
+  std::uint64_t total = 0;
+  for (const std::uint64_t size : sizes) total += size;
+  hold_all_ = total <= budget_;
+  populate_ = hold_all_ && fits_a_quarter_of_memory(total);
+  if (hold_all_) {
+    published_ = std::make_unique<std::atomic<const MappedFile*>[]>(first_.back());
+    for (std::uint64_t g = 0; g < first_.back(); ++g) published_[g].store(nullptr);
+  }
+  if (need > budget_)
+    throw ConfigError(
+        cache_.settings().limit_key,
+        "the cache limit " + bytes_text(limit) +
+            (reserved > 0 ? " (less the " + bytes_text(reserved) + " of the source's index files)"
+                          : std::string()) +
+            " is smaller than the " + bytes_text(need) +
+            " of the blocks the look-ahead holds together (lookahead: " +
+            std::to_string(lookahead_) + " blocks of up to " + bytes_text(block_) +
+            " ahead of the one read); raise " + cache_.settings().limit_key +
+            " or lower the source's lookahead or FLOWSTATE_REMOTE_BLOCK");
+  // `connections` downloaders, fewer than the look-ahead's blocks when not all are held.
+  const auto connections = static_cast<std::uint64_t>(std::max(1, remote_.connections));
+  const std::size_t downloaders = static_cast<std::size_t>(
+      hold_all_ ? std::min<std::uint64_t>(connections, std::max<std::uint64_t>(1, first_.back()))
+                : std::min<std::uint64_t>(lookahead_, connections));
+  for (std::size_t i = 0; i < downloaders; ++i)
+    downloaders_.emplace_back([this] { download_ahead(); });
+}
+
+RemoteBlocks::~RemoteBlocks() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  for (auto& t : downloaders_) t.join();
+}
+
+void RemoteBlocks::new_pass() {
+  std::lock_guard lock(mu_);
+  new_pass_ = true;
+}
+
+std::uint64_t RemoteBlocks::fetches() const {
+  std::lock_guard lock(mu_);
+  return fetches_;
+}
+
+std::size_t RemoteBlocks::object_of(std::uint64_t g) const {
+  return static_cast<std::size_t>(std::upper_bound(first_.begin(), first_.end(), g) -
+                                  first_.begin() - 1);
+}
+
+ByteRange RemoteBlocks::range_of(std::uint64_t g) const {
+  const std::size_t k = object_of(g);
+  return block_range(objects_[k].size, block_, g - first_[k]);
+}
+
+BlockSpan RemoteBlocks::span_of(std::size_t object, std::uint64_t offset,
+                                std::size_t length) const {
+  const RemoteObject& o = objects_.at(object);
+  if (offset > o.size || length > o.size - offset) [[unlikely]]
+    throw DataError(o.url, offset,
+                    "bytes " + std::to_string(offset) + "+" + std::to_string(length) + " of '" +
+                        o.url + "' lie past its " + std::to_string(o.size) + " bytes");
+  return blocks_spanned(offset, length, block_);
+}
+
+const MappedFile& RemoteBlocks::held(std::uint64_t g) const {
+  if (const MappedFile* m = published_[g].load(std::memory_order_acquire)) [[likely]]
+    return *m;
+  open(g);  // publishes it
+  return *published_[g].load(std::memory_order_acquire);
+}
+
+std::span<const std::byte> RemoteBlocks::view(std::size_t object, std::uint64_t offset,
+                                              std::size_t length) const {
+  if (length == 0) return {};
+  const BlockSpan span = span_of(object, offset, length);
+  if (span.first == span.last)
+    return {held(first_[object] + span.first).data() + (offset - span.first * block_), length};
+  {
+    std::lock_guard lock(kept_mu_);
+    const auto it = kept_[object].find(offset);
+    if (it != kept_[object].end() && it->second.size() == length) return it->second;
+  }
+  std::vector<std::byte> copy(length);
+  std::size_t done = 0;
+  for (std::uint64_t k = span.first; k <= span.last; ++k) {
+    const ByteRange r = block_range(objects_[object].size, block_, k);
+    const MappedFile& m = held(first_[object] + k);
+    const std::uint64_t from = std::max(offset, r.offset);
+    const std::uint64_t to = std::min(offset + length, r.offset + r.length);
+    std::memcpy(copy.data() + done, m.data() + (from - r.offset),
+                static_cast<std::size_t>(to - from));
+    done += static_cast<std::size_t>(to - from);
+  }
+  std::lock_guard lock(kept_mu_);
+  // A copy another thread kept meanwhile holds the same bytes: the first one stays.
+  return kept_[object].try_emplace(offset, std::move(copy)).first->second;
+}
+
+std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t offset,
+                                              std::size_t length) const {
+  if (length == 0) return {};
+  if (hold_all_) return view(object, offset, length);
+  const RemoteObject& o = objects_[object];
+  const BlockSpan span = span_of(object, offset, length);
+  HeldBlock& t = t_held;
+  if (span.first == span.last) {
+    const std::uint64_t g = first_[object] + span.first;
+    if (t.reader != id_ || t.g != g) {
+      // Hold nothing while this read waits: the block the thread read last is not kept for it.
+      t.map.reset();
+      t.reader = 0;
+      t.map = open(g);
+      t.reader = id_;
+      t.g = g;
+    }
+    return {t.map->data() + (offset - span.first * block_), length};
+  }
+  // Across blocks: copied block after block, one pinned at a time.
+  t.buffer.resize(length);
+  std::size_t done = 0;
+  for (std::uint64_t k = span.first; k <= span.last; ++k) {
+    const std::uint64_t g = first_[object] + k;
+    const ByteRange r = block_range(o.size, block_, k);
+    if (t.reader != id_ || t.g != g) {
+      t.map.reset();
+      t.reader = 0;
+      t.map = open(g);
+      t.reader = id_;
+      t.g = g;
+    }
+    const std::uint64_t from = std::max(offset, r.offset);
+    const std::uint64_t to = std::min(offset + length, r.offset + r.length);
+    std::memcpy(t.buffer.data() + done, t.map->data() + (from - r.offset),
+                static_cast<std::size_t>(to - from));
+    done += static_cast<std::size_t>(to - from);
+  }
+  return {t.buffer.data(), length};
+}
+
+std::shared_ptr<const MappedFile> RemoteBlocks::open(std::uint64_t g) const {
+  std::unique_lock lock(mu_);
+  const auto held = [&](std::uint64_t j) {
+    const auto it = slots_.find(j);
+    return it != slots_.end() && (it->second.map || it->second.fetching);
+  };
+  if (!started_ || (new_pass_ && g < front_ && !held(g))) {
+    // The first read, or the first read of the next pass behind the front.
+    started_ = true;
+    sequential_ = true;
+    new_pass_ = false;
+    front_ = g;
+    work_.notify_all();
+  } else if (g >= front_) {
+    // Progress within the look-ahead keeps it; a jump (a random read far ahead) does not.
+    sequential_ = g <= front_ + lookahead_;
+    front_ = g;
+    work_.notify_all();
+  }
+  for (;;) {
+    Slot& s = slots_[g];
+    s.last_read = ++clock_;
+    if (s.map) return s.map;
+    if (s.error) std::rethrow_exception(s.error);
+    if (s.fetching) {
+      changed_.wait(lock);
+      continue;
+    }
+    // Not held and no one downloads it: this read fetches it, once there is room.
+    const std::uint64_t length = range_of(g).length;
+    if (!make_room(length)) {
+      changed_.wait(lock);
+      continue;
+    }
+    Slot& claimed = slots_[g];  // (make_room erased only pinned slots; this one has no pin)
+    claimed.fetching = true;
+    held_bytes_ += length;
+    fetch(g, lock);
+  }
+}
+
+bool RemoteBlocks::make_room(std::uint64_t bytes) const {
+  while (held_bytes_ + bytes > budget_) {
+    auto victim = slots_.end();
+    bool in_flight = false;
+    for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+      in_flight = in_flight || it->second.fetching;
+      if (!it->second.pin || needed(it->first)) continue;
+      if (victim == slots_.end() || it->second.last_read < victim->second.last_read) victim = it;
+    }
+    if (victim == slots_.end()) {
+      // Only the look-ahead and downloads in flight are held. When nothing is in flight the
+      // build-time check says the bytes fit; the cache decides (other processes share it).
+      return !in_flight;
+    }
+    // Unpinned: the cache may evict it. A thread still reading it holds the mapping.
+    held_bytes_ -= range_of(victim->first).length;
+    slots_.erase(victim);
+  }
+  return true;
+}
+
+void RemoteBlocks::fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) const {
+  ++fetches_;
+  const ByteRange r = range_of(g);
+  const RemoteObject& o = objects_[object_of(g)];
+  lock.unlock();
+  std::shared_ptr<const CachePin> pin;
+  std::shared_ptr<const MappedFile> map;
+  std::exception_ptr error;
+  try {
+    pin = cache_.fetch_range(o, r.offset, r.length, remote_);
+    map = std::make_shared<const MappedFile>(pin->path());
+    if (populate_ && !map->in_memory() && map->size() > 0)
+      // The block's pages mapped in here, on the downloader, as an indexed source's local
+      // .bin is populated: not faulted in by the workers' first reads, a few pages at a time.
+      // EINVAL (a kernel before 5.14) leaves them to the faults.
+      ::madvise(const_cast<std::byte*>(map->data()), map->size(), MADV_POPULATE_READ);
+    if (map->size() != r.length)
+      throw DataError(o.url, r.offset,
+                      "the cached block of '" + o.url + "' at byte " + std::to_string(r.offset) +
+                          " is not " + bytes_text(r.length));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  Slot& s = slots_[g];
+  s.fetching = false;
+  if (error) {
+    held_bytes_ -= r.length;
+    s.error = error;
+  } else {
+    s.pin = std::move(pin);
+    s.map = std::move(map);
+    if (hold_all_) published_[g].store(s.map.get(), std::memory_order_release);
+  }
+  changed_.notify_all();
+  work_.notify_all();
+  if (error) std::rethrow_exception(error);
+}
+
+void RemoteBlocks::download_ahead() {
+  // One of `connections` downloaders: each takes the look-ahead's first block not held (if it
+  // fits), downloads it, and takes the next.
+  std::unique_lock lock(mu_);
+  const std::uint64_t total = first_.back();
+  for (;;) {
+    if (stop_) return;
+    std::uint64_t claimed = kNone;
+    if (started_ && hold_all_) {
+      // Every block, the front's first: from the front to the end, then from the start.
+      for (std::uint64_t i = 0; i < total && claimed == kNone; ++i) {
+        const std::uint64_t j = (front_ + i) % total;
+        const auto it = slots_.find(j);
+        if (it != slots_.end() && (it->second.map || it->second.fetching || it->second.error))
+          continue;
+        const std::uint64_t length = range_of(j).length;
+        held_bytes_ += length;  // (the limit holds every block: no room to make)
+        slots_[j].fetching = true;
+        claimed = j;
+      }
+    } else if (started_ && sequential_) {
+      const std::uint64_t end = std::min(total, front_ + lookahead_);
+      for (std::uint64_t j = front_ + 1; j < end; ++j) {
+        const auto it = slots_.find(j);
+        if (it != slots_.end() && (it->second.map || it->second.fetching || it->second.error))
+          continue;
+        const std::uint64_t length = range_of(j).length;
+        if (make_room(length)) {
+          slots_[j].fetching = true;
+          held_bytes_ += length;
+          claimed = j;
+        }
+        break;
+      }
+    }
+    if (claimed == kNone) {
+      work_.wait(lock);
+      continue;
+    }
+    try {
+      fetch(claimed, lock);
+    } catch (...) {
+      // Stored in the slot: the read that needs the block raises it.
+    }
+  }
+}
+
+}  // namespace flowstate

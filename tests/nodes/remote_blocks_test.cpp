@@ -1,0 +1,212 @@
+// Range reads of remote objects without a server (nodes/sources/remote_blocks.h): the block
+// arithmetic (the last block short, a range across a boundary, what the look-ahead needs);
+// block keys that never name a whole copy; a limit below the look-ahead is a ConfigError before
+// any request; reads of cached blocks — within one and across two — are the object's bytes
+// and need no request; blocks the reads left behind are unpinned when the limit needs room; a
+// block whose download fails is a DataError naming the URL and the range. Downloads through
+// s3rver and nginx, the cache's peak and a resume after SIGKILL are
+// tests/python/test_remote_blocks.py.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/object_cache.h"
+#include "flowstate/nodes/sources/remote_blocks.h"
+#include "tests/support/testing.h"
+
+namespace flowstate {
+namespace {
+
+using testing::TempDir;
+
+RemoteObject unreachable(const std::string& name, std::uint64_t size) {
+  return {.url = "https://example.invalid/" + name,
+          .fetch_url = "http://127.0.0.1:1/" + name,
+          .size = size,
+          .etag = "\"e-" + name + "\""};
+}
+
+/// Byte i of the test object: its position, mixed.
+char byte_at(std::uint64_t i) { return static_cast<char>((i * 131 + i / 7) & 0xff); }
+
+/// Puts block `k` of `o` (blocks of `block` bytes) in the cache as a download would.
+void seed_block(const TempDir& dir, const RemoteObject& o, std::uint64_t block, std::uint64_t k) {
+  std::filesystem::create_directories(dir / "objects");
+  const ByteRange r = block_range(o.size, block, k);
+  std::string bytes(r.length, '\0');
+  for (std::uint64_t i = 0; i < r.length; ++i) bytes[i] = byte_at(r.offset + i);
+  std::ofstream(dir / ("objects/" + block_key(o, r.offset, r.length) + ".obj"), std::ios::binary)
+      << bytes;
+}
+
+RemoteSettings fast_failing() {
+  RemoteSettings s;
+  s.attempts = 1;
+  s.timeout = std::chrono::milliseconds(500);
+  s.connections = 2;
+  return s;
+}
+
+/// Whether some process holds block `k`'s copy pinned (a shared flock on it).
+bool pinned(const TempDir& dir, const RemoteObject& o, std::uint64_t block, std::uint64_t k) {
+  const ByteRange r = block_range(o.size, block, k);
+  const std::string path = dir / ("objects/" + block_key(o, r.offset, r.length) + ".obj");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+  ::close(fd);
+  return held;
+}
+
+TEST(RemoteBlocks, BlockArithmetic) {
+  EXPECT_EQ(block_count(0, 4096), 0u);
+  EXPECT_EQ(block_count(1, 4096), 1u);
+  EXPECT_EQ(block_count(4096, 4096), 1u);
+  EXPECT_EQ(block_count(4097, 4096), 2u);
+  EXPECT_EQ(block_range(10000, 4096, 0), (ByteRange{0, 4096}));
+  EXPECT_EQ(block_range(10000, 4096, 2), (ByteRange{8192, 1808}));  // the last one short
+  EXPECT_EQ(blocks_spanned(0, 4096, 4096), (BlockSpan{0, 0}));
+  EXPECT_EQ(blocks_spanned(4095, 2, 4096), (BlockSpan{0, 1}));  // across a boundary
+  EXPECT_EQ(blocks_spanned(4096, 1, 4096), (BlockSpan{1, 1}));
+  EXPECT_EQ(blocks_spanned(100, 9000, 4096), (BlockSpan{0, 2}));
+  // The look-ahead and the block read: the largest lookahead + 1 blocks of all objects.
+  EXPECT_EQ(blocks_needed({10000}, 4096, 1), 8192u);
+  EXPECT_EQ(blocks_needed({10000}, 4096, 8), 10000u);  // fewer blocks than that: all
+  EXPECT_EQ(blocks_needed({100, 5000, 300}, 4096, 1), 4096u + 904u);
+  EXPECT_EQ(blocks_needed({}, 4096, 3), 0u);
+}
+
+TEST(RemoteBlocks, BlockKeysNeverNameAWholeCopyAndDifferByRange) {
+  const RemoteObject o = unreachable("a.bin", 8192);
+  EXPECT_NE(block_key(o, 0, 8192), cache_key(o));
+  EXPECT_NE(block_key(o, 0, 4096), block_key(o, 4096, 4096));
+  EXPECT_EQ(block_key(o, 0, 4096).size(), 32u);
+  RemoteObject changed = o;
+  changed.etag = "\"other\"";
+  EXPECT_NE(block_key(o, 0, 4096), block_key(changed, 0, 4096));
+}
+
+TEST(RemoteBlocks, ALimitBelowTheLookAheadIsAConfigErrorBeforeAnyRequest) {
+  TempDir dir;
+  const std::vector<RemoteObject> objects{unreachable("a.bin", 40000), unreachable("b", 9000)};
+  const auto before = remote_request_counts().gets;
+  try {
+    RemoteBlocks blocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13000}, fast_failing(),
+                        /*reserved=*/1000);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.key(), "FLOWSTATE_CACHE_LIMIT");
+    EXPECT_NE(m.find("13000 bytes (less the 1000 bytes of the source's index files) is smaller "
+                     "than the 12288 bytes of the blocks the look-ahead holds together "
+                     "(lookahead: 2 blocks of up to 4096 bytes"),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(remote_request_counts().gets, before);
+  EXPECT_NO_THROW(
+      RemoteBlocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13288}, fast_failing(), 1000));
+  EXPECT_THROW(
+      RemoteBlocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13287}, fast_failing(), 1000),
+      ConfigError);
+}
+
+TEST(RemoteBlocks, ReadsOfCachedBlocksAreTheBytesWithinAndAcrossBlocksWithoutARequest) {
+  TempDir dir;
+  const RemoteObject o = unreachable("tokens.bin", 5 * 4096 + 100);
+  for (std::uint64_t k = 0; k < block_count(o.size, 4096); ++k) seed_block(dir, o, 4096, k);
+  const auto before = remote_request_counts().gets;
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 1 << 20}, fast_failing());
+  auto expect_bytes = [&](std::uint64_t offset, std::size_t length) {
+    const auto got = blocks.read(0, offset, length);
+    ASSERT_EQ(got.size(), length);
+    for (std::size_t i = 0; i < length; ++i)
+      ASSERT_EQ(static_cast<char>(got[i]), byte_at(offset + i)) << offset << "+" << i;
+  };
+  expect_bytes(0, 100);
+  expect_bytes(4000, 200);           // across the boundary of blocks 0 and 1
+  expect_bytes(4096 * 5, 100);       // the short last block
+  expect_bytes(100, 4096 * 5);       // across all six
+  expect_bytes(4096 * 2 + 5, 4091);  // the rest of block 2
+  EXPECT_EQ(blocks.read(0, 7, 0).size(), 0u);
+  EXPECT_THROW(blocks.read(0, o.size - 10, 11), DataError);  // past the listed size
+  EXPECT_EQ(remote_request_counts().gets, before);
+}
+
+TEST(RemoteBlocks, BlocksTheReadsLeftBehindAreUnpinnedWhenTheLimitNeedsRoom) {
+  TempDir dir;
+  const RemoteObject o = unreachable("r.bin", 16 * 4096);
+  for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
+  // Room for 3 blocks (not all 16: none is held for good); a look-ahead of 1: the block read.
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  // Random reads (jumps: no look-ahead), each of a block of its own.
+  for (const std::uint64_t k : {10u, 3u, 14u, 7u, 12u}) {
+    blocks.read(0, k * 4096 + 1, 10);
+    std::size_t held = 0;
+    for (std::uint64_t j = 0; j < 16; ++j) held += pinned(dir, o, 4096, j) ? 1 : 0;
+    EXPECT_LE(held, 3u) << "after reading block " << k;
+    EXPECT_TRUE(pinned(dir, o, 4096, k)) << k;
+  }
+  // The first blocks read were the least recently read: unpinned, the cache may evict them.
+  EXPECT_FALSE(pinned(dir, o, 4096, 10));
+  EXPECT_FALSE(pinned(dir, o, 4096, 3));
+}
+
+TEST(RemoteBlocks, WhenTheLimitHoldsEveryBlockAllArePinnedAndViewsStayValid) {
+  TempDir dir;
+  const RemoteObject o = unreachable("all.bin", 6 * 4096 + 10);
+  for (std::uint64_t k = 0; k < block_count(o.size, 4096); ++k) seed_block(dir, o, 4096, k);
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing());
+  ASSERT_TRUE(blocks.holds_all());
+  const auto across = blocks.view(0, 4000, 5000);  // blocks 0 to 2
+  const auto within = blocks.view(0, 4096 * 6 + 1, 9);
+  // Every block is downloaded (here: found cached) in the background and stays pinned.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (blocks.fetches() < 7 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (std::uint64_t k = 0; k < 7; ++k) EXPECT_TRUE(pinned(dir, o, 4096, k)) << k;
+  // Reads meanwhile do not move the views.
+  for (std::uint64_t k = 0; k < 7; ++k) blocks.read(0, k * 4096, 10);
+  for (std::size_t i = 0; i < across.size(); ++i)
+    ASSERT_EQ(static_cast<char>(across[i]), byte_at(4000 + i)) << i;
+  for (std::size_t i = 0; i < within.size(); ++i)
+    ASSERT_EQ(static_cast<char>(within[i]), byte_at(4096 * 6 + 1 + i)) << i;
+  EXPECT_EQ(blocks.view(0, 4000, 5000).data(), across.data());  // copied once, kept
+  // One byte less and the limit no longer holds them all.
+  EXPECT_FALSE(RemoteBlocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size - 1}, fast_failing())
+                   .holds_all());
+}
+
+TEST(RemoteBlocks, AFailedBlockDownloadIsADataErrorNamingTheUrlAndTheRange) {
+  TempDir dir;
+  const RemoteObject o = unreachable("gone.bin", 3 * 4096);
+  seed_block(dir, o, 4096, 0);
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 1 << 20}, fast_failing());
+  EXPECT_NO_THROW(blocks.read(0, 0, 10));
+  try {
+    blocks.read(0, 4096 * 2 + 1, 10);
+    FAIL() << "no error";
+  } catch (const DataError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("https://example.invalid/gone.bin bytes 8192-12287"), std::string::npos) << m;
+    EXPECT_NE(m.find("(after 1 attempt)"), std::string::npos) << m;
+  }
+  // Nothing partial is left counted as a copy.
+  std::size_t copies = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "objects"))
+    copies += e.path().extension() == ".obj" ? 1 : 0;
+  EXPECT_LE(copies, 2u);  // block 0, and block 1 if the look-ahead found it (it cannot: not seeded)
+}
+
+}  // namespace
+}  // namespace flowstate
