@@ -55,18 +55,15 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
     remote_.push_back(0);
   }
   if (remote.empty()) return;
-  // Whole objects when the cache holds them all (each downloaded once, the fewest requests);
-  // blocks when it cannot: a shuffle's random reads then download blocks, not objects again.
-  CacheSettings cache = resolve_cache_settings(&settings);
-  std::uint64_t total = 0;
-  for (const auto& o : remote) total += o.size;
-  if (total > cache.limit)
-    blocks_ = std::make_unique<RemoteBlocks>(std::move(remote), options_.lookahead,
-                                             block_bytes_from_environment(), std::move(cache),
-                                             resolve_remote_settings(&settings));
-  else
-    window_ = std::make_unique<RemoteWindow>(std::move(remote), options_.lookahead,
-                                             std::move(cache), resolve_remote_settings(&settings));
+  // By blocks, whatever the limit: when it holds every block they all download from the first
+  // read on, `connections` at a time, stay pinned and are read without a lock (a global
+  // shuffle's random reads need every object at once); when it does not, a shuffle's random
+  // reads download blocks, not objects again. (Whole objects through a RemoteWindow took its
+  // lock per record and downloaded a global shuffle's objects two or three at a time:
+  // bench/RESULTS.md, "a warm cache and a cold global shuffle".)
+  blocks_ = std::make_unique<RemoteBlocks>(
+      std::move(remote), options_.lookahead, block_bytes_from_environment(),
+      resolve_cache_settings(&settings), resolve_remote_settings(&settings));
 }
 
 std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
@@ -76,12 +73,10 @@ std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
     return {m->data() + offset, options_.record_bytes};
   // A remote file's bytes stay valid on this thread until its next read of another file
   // (another block).
-  if (blocks_) return blocks_->read(remote_[ref.shard], offset, options_.record_bytes);
-  return {window_->data(remote_[ref.shard]) + offset, options_.record_bytes};
+  return blocks_->read(remote_[ref.shard], offset, options_.record_bytes);
 }
 
 void RecordsSource::epoch_started(std::uint64_t /*epoch*/) {
-  if (window_) window_->new_pass();
   if (blocks_) blocks_->new_pass();
 }
 

@@ -37,8 +37,8 @@ struct RecordsOptions {
   /// project directory can move together with its checkpoints.
   std::filesystem::path base_dir;
   FileVerify verify = FileVerify::kSampled;  ///< how a resume checks the files (free)
-  /// Remote files held ahead of the reads (see RemoteWindow; free: the data does not depend
-  /// on it).
+  /// Blocks of remote files held ahead of the reads (see RemoteBlocks; free: the data does
+  /// not depend on it).
   std::size_t lookahead = kDefaultLookahead;
   CacheOptions cache;    ///< the local cache of remote files (free)
   RemoteOptions remote;  ///< how remote files are reached (free)
@@ -68,10 +68,10 @@ const NodeDef& records_node();
 /// The `records` source. Opening validates every file: an empty match, an unreadable file,
 /// or a size that is not a multiple of record_bytes is a DataError naming the file. Remote
 /// files (`s3://`, `http(s)://`) are numbered from their listed sizes and downloaded as the
-/// reads reach them, not when the source is built: whole, through a RemoteWindow (`lookahead`
-/// files ahead), when the cache limit holds all of them; else by range, through RemoteBlocks
-/// (blocks of FLOWSTATE_REMOTE_BLOCK bytes, `lookahead` blocks ahead of reads that progress),
-/// so a global shuffle over a cache smaller than the data downloads blocks, not objects.
+/// reads reach them, not when the source is built: by range, through RemoteBlocks (blocks of
+/// FLOWSTATE_REMOTE_BLOCK bytes; every block from the first read on when the cache limit holds
+/// them all, else `lookahead` blocks ahead of reads that progress), so a global shuffle over a
+/// cache smaller than the data downloads blocks, not objects.
 class RecordsSource final : public FileSource {
  public:
   RecordsSource(std::string name, RecordsOptions options, std::uint32_t source_id = 0);
@@ -88,10 +88,8 @@ class RecordsSource final : public FileSource {
   RecordsOptions options_;
   FieldId field_;
   std::vector<std::shared_ptr<const MappedFile>> maps_;  ///< null for a remote file
-  std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
-  /// The remote files read whole, when the cache limit holds them all; else null.
-  std::unique_ptr<RemoteWindow> window_;
-  /// The remote files read by range, when they are larger together than the cache limit.
+  std::vector<std::size_t> remote_;  ///< per file its object in blocks_ (remote files)
+  /// The remote files, read by range (null when there are none).
   std::unique_ptr<RemoteBlocks> blocks_;
 };
 

@@ -123,8 +123,7 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
       cache_(std::move(cache)),
       prepare_(std::move(prepare)),
       id_(g_window_ids.fetch_add(1)),
-      slots_(objects_.size()),
-      ready_(objects_.size()) {
+      slots_(objects_.size()) {
   // The look-ahead and one copy more must fit: the largest such set of objects.
   std::vector<std::uint64_t> sizes;
   for (const auto& o : objects_) sizes.push_back(o.size);
@@ -141,8 +140,6 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
                           std::to_string(lookahead_) + " files ahead of the one read, of " +
                           std::to_string(objects_.size()) + "); raise " +
                           cache_.settings().limit_key + " or lower the source's lookahead");
-  std::uint64_t total = 0;
-  for (const auto size : sizes) total += size;
   reservation_ = need;
   // The other windows of this process over the same cache reserve their share of the limit
   // too — but not those of a runtime this build replaces (same Loader, another build).
@@ -168,12 +165,7 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
               " files and one more, " + bytes_text(others) + " for " + std::to_string(count) +
               " other" + (count == 1 ? "" : "s") + "); raise " + cache_.settings().limit_key +
               " or lower the sources' lookahead");
-    // All of the source fits beside the others: reserve it all, and never unpin.
-    if (others + total <= limit) {
-      all_fit_ = true;
-      reservation_ = total;
-    }
-    budget_->members[id_] = {.window = this, .reserve = reservation_, .held = 0, .tag = tag};
+    budget_->members[id_] = {.window = this, .reserve = need, .held = 0, .tag = tag};
   }
   const std::size_t downloaders =
       std::min<std::size_t>(lookahead_, static_cast<std::size_t>(std::max(1, remote_.connections)));
@@ -212,11 +204,6 @@ std::uint64_t RemoteWindow::fetches() const {
 RemoteWindow::Held RemoteWindow::read(std::size_t k) {
   if (t_held.window == id_ && t_held.k == k) [[likely]]
     return {t_held.map->data(), t_held.prepared.get()};
-  if (all_fit_) {
-    // Never unpinned: the copy lives as long as the window.
-    if (const Held* ready = ready_[k].load(std::memory_order_acquire)) [[likely]]
-      return *ready;
-  }
   // Hold nothing while this read waits: the copy the thread read last is not kept for it.
   t_held = {};
   Copy copy = open(k);
@@ -353,10 +340,6 @@ void RemoteWindow::fetch(std::size_t k, std::unique_lock<std::mutex>& lock) {
     s.pin = std::move(pin);
     s.map = std::move(map);
     s.prepared = std::move(prepared);
-    if (all_fit_) {
-      s.ready = {s.map->data(), s.prepared.get()};
-      ready_[k].store(&s.ready, std::memory_order_release);
-    }
   }
   changed_.notify_all();
   work_.notify_all();
@@ -373,12 +356,8 @@ void RemoteWindow::download_ahead() {
     std::size_t claimed = slots_.size();
     bool blocked = false;
     if (started_) {
-      // The look-ahead in file order from the front; every file, round from the front, when
-      // the limit holds them all.
-      const std::size_t n = slots_.size();
-      const std::size_t count = all_fit_ ? n : std::min(n, front_ + lookahead_) - front_;
-      for (std::size_t i = 0; i < count; ++i) {
-        const std::size_t j = (front_ + i) % n;
+      const std::size_t end = std::min(slots_.size(), front_ + lookahead_);
+      for (std::size_t j = front_; j < end; ++j) {
         Slot& s = slots_[j];
         if (s.map || s.fetching || s.error) continue;
         if (claim(objects_[j].size)) {

@@ -38,22 +38,14 @@
 //
 // A global record shuffle reads files at random: every file is then in use all epoch, and a
 // cache that cannot hold the source downloads a file again for most reads of a file it
-// unpinned. It works, slowly; such a pipeline wants a limit that holds the source or range
-// reads (records and indexed: remote_blocks.h).
-//
-// A limit that holds the whole source. A window whose objects all fit the limit beside the
-// reservations of the process's other windows reserves them all: nothing is ever unpinned,
-// and the look-ahead is every file, in file order from the front round to the one before it —
-// a global shuffle's first read starts every download, `connections` at a time. A copy once
-// mapped stays mapped for the window's life, so a read of it takes no lock (an atomic pointer
-// per file).
+// unpinned. It works, slowly; such a pipeline wants a limit that holds the source (then nothing
+// is unpinned) or range reads (records and indexed: remote_blocks.h).
 //
 //   auto files = list_source_files({"s3://bucket/train-*.bin"}, {});
 //   RemoteWindow window({*files[0].remote, *files[1].remote}, /*lookahead=*/4);
 //   const std::byte* bytes = window.data(0);  // valid on this thread until its next data()
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -154,8 +146,7 @@ class RemoteWindow {
   const std::vector<RemoteObject>& objects() const { return objects_; }
   /// Downloads this window asked the cache for (copies it found cached count too).
   std::uint64_t fetches() const;
-  /// Its reservation of the limit: the bytes of its look-ahead and one copy more, or of every
-  /// object when they all fit beside the other windows' reservations.
+  /// The bytes this window's look-ahead and one copy more need: its reservation of the limit.
   std::uint64_t reservation() const { return reservation_; }
 
  private:
@@ -167,9 +158,8 @@ class RemoteWindow {
     std::uint64_t last_read = 0;           ///< the window's clock at the slot's last read
     bool fetching = false;
     std::exception_ptr error;  ///< the background download failed (rethrown to a read)
-    Held ready;                ///< with all_fit_: the published copy, read without mu_
   };
-  bool needed(std::size_t k) const { return all_fit_ || (k >= front_ && k < front_ + lookahead_); }
+  bool needed(std::size_t k) const { return k >= front_ && k < front_ + lookahead_; }
   /// Under mu_: counts `bytes` more as held when the process's budget admits them, unpinning
   /// copies outside the look-ahead, least recently read first, as needed; false when it
   /// cannot (copies still downloading, or other windows' reservations, hold the room).
@@ -202,11 +192,6 @@ class RemoteWindow {
   std::condition_variable changed_;  ///< a slot was published or failed
   std::condition_variable work_;     ///< the look-ahead moved, or stop
   std::vector<Slot> slots_;
-  /// The limit holds every object beside the other windows' reservations, and this window
-  /// reserved them all: nothing is unpinned, the look-ahead is every file.
-  bool all_fit_ = false;
-  /// With all_fit_: each slot's `ready` once published (null before), read without mu_.
-  std::vector<std::atomic<const Held*>> ready_;
   std::size_t front_ = 0;
   bool started_ = false;   ///< a read happened: the look-ahead downloads
   bool new_pass_ = false;  ///< an epoch started: the next read behind the front moves it

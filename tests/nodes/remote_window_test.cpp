@@ -134,37 +134,6 @@ TEST(RemoteWindow, ReadsInOrderHitTheCacheAndUnpinWhatTheyLeftBehind) {
   for (const auto& o : objects) EXPECT_FALSE(pinned(dir, o));  // a closed window pins nothing
 }
 
-TEST(RemoteWindow, ALimitThatHoldsTheSourceFetchesEveryFileFromTheFirstReadAndUnpinsNone) {
-  // A global shuffle reads files at random: its first read, wherever it falls, starts the
-  // download of every file (round from the front), and no copy is unpinned while reading.
-  TempDir dir;
-  std::vector<RemoteObject> objects;
-  for (int i = 0; i < 6; ++i) {
-    objects.push_back(unreachable("o" + std::to_string(i), 100));
-    seed_copy(dir, objects.back(), static_cast<char>('a' + i));
-  }
-  RemoteWindow window(objects, 1, {.dir = dir.path(), .limit = 600}, fast_failing());
-  EXPECT_EQ(static_cast<char>(window.data(4)[0]), 'e');
-  // Lookahead 1, yet the downloaders take every file: all six end up pinned.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (window.fetches() < objects.size() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(window.fetches(), objects.size());
-  for (const auto& o : objects) EXPECT_TRUE(pinned(dir, o));
-  // Reads in any order on two threads are hits; nothing is fetched twice or unpinned.
-  std::vector<std::thread> readers;
-  for (int t = 0; t < 2; ++t)
-    readers.emplace_back([&, t] {
-      for (int i = 0; i < 600; ++i) {
-        const std::size_t k = static_cast<std::size_t>((i * 5 + t) % 6);
-        EXPECT_EQ(static_cast<char>(window.data(k)[99]), static_cast<char>('a' + k));
-      }
-    });
-  for (auto& r : readers) r.join();
-  EXPECT_EQ(window.fetches(), objects.size());
-  for (const auto& o : objects) EXPECT_TRUE(pinned(dir, o));
-}
-
 TEST(RemoteWindow, ADownloadThatFailsIsADataErrorNamingTheUrl) {
   TempDir dir;
   RemoteWindow window({unreachable("gone", 100), unreachable("other", 100)}, 1,
