@@ -22,8 +22,8 @@
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
-#include "flowstate/nodes/sources/remote_options.h"
 #include "flowstate/nodes/sources/remote_blocks.h"
+#include "flowstate/nodes/sources/remote_options.h"
 #include "flowstate/nodes/sources/remote_window.h"
 
 namespace flowstate {
