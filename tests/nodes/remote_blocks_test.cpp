@@ -172,8 +172,15 @@ TEST(RemoteBlocks, WhenTheLimitHoldsEveryBlockAllArePinnedAndViewsStayValid) {
   const auto within = blocks.view(0, 4096 * 6 + 1, 9);
   // Every block is downloaded (here: found cached) in the background and stays pinned.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (blocks.fetches() < 7 && std::chrono::steady_clock::now() < deadline)
+  // (A fetch is counted when it starts; its pin is taken when it ends: wait for the pins.)
+  const auto all_pinned = [&] {
+    for (std::uint64_t k = 0; k < 7; ++k)
+      if (!pinned(dir, o, 4096, k)) return false;
+    return true;
+  };
+  while (!all_pinned() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(blocks.fetches(), 7u);
   for (std::uint64_t k = 0; k < 7; ++k) EXPECT_TRUE(pinned(dir, o, 4096, k)) << k;
   // Reads meanwhile do not move the views.
   for (std::uint64_t k = 0; k < 7; ++k) blocks.read(0, k * 4096, 10);
