@@ -1,3 +1,6 @@
+// The `lines` source in one file (just over 600 lines): local files, the read-ahead of
+// documents and the remote files read through the look-ahead window share its private index
+// of line offsets and the per-file state; a split would expose them in a header.
 #include "flowstate/nodes/sources/lines.h"
 
 #include <algorithm>
