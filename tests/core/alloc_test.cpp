@@ -1,6 +1,6 @@
 // What a pipeline allocates per batch in steady state: the stamp (StampData and every node's
-// snapshot) comes from free lists (core/recycle.h), so making and dropping one allocates
-// nothing once warm. Its own executable: it replaces the global operator new to
+// snapshot) and a pooled buffer come from free lists (core/recycle.h), so making and dropping
+// them allocates nothing once warm. Its own executable: it replaces the global operator new to
 // count allocations, which no other test binary should carry.
 #include <gtest/gtest.h>
 
@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "flowstate/core/buffer.h"
 #include "flowstate/core/recycle.h"
 #include "flowstate/core/state.h"
 #include "flowstate/graph/spine.h"
@@ -97,6 +98,22 @@ TEST(Recycler, ObjectsMayOutliveTheRecyclerAndMoveBetweenThreads) {
   // Dropped on another thread after the recycler is gone: ASan and LSan see any misuse.
   std::thread([&] { kept.clear(); }).join();
   EXPECT_TRUE(kept.empty());
+}
+
+TEST(BufferPool, AcquireAllocatesNothingOnceWarm) {
+  auto pool = BufferPool::host();
+  for (int i = 0; i < 2; ++i) {
+    auto a = pool->acquire(4096);
+    auto b = pool->acquire(512);
+  }
+  const std::uint64_t before = allocations();
+  for (int i = 0; i < 100; ++i) {
+    auto a = pool->acquire(4096);
+    auto b = pool->acquire(512);
+    std::memset(a->data(), 1, 4096);
+  }
+  EXPECT_EQ(allocations() - before, 0u);
+  EXPECT_EQ(pool->allocated(), 2u);
 }
 
 class SpineStamps : public ::testing::Test {
