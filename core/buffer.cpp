@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <new>
 
+#include "flowstate/core/recycle.h"
+
 #if __has_include(<sys/mman.h>)
 #include <sys/mman.h>
 #endif
@@ -43,6 +45,13 @@ void* aligned_host(std::size_t size) {
 }
 }  // namespace
 
+Buffer::~Buffer() {
+  if (pool_)
+    pool_->give_back(data_, size_);
+  else if (release_)
+    release_(data_, size_);
+}
+
 std::shared_ptr<Buffer> Buffer::allocate(std::size_t size) {
   return std::make_shared<Buffer>(aligned_host(size), size, Device{},
                                   [](void* p, std::size_t) { std::free(p); });
@@ -58,6 +67,9 @@ std::shared_ptr<BufferPool> BufferPool::host() {
   return std::make_shared<BufferPool>(
       Allocator{Device{}, aligned_host, [](void* p) { std::free(p); }});
 }
+
+BufferPool::BufferPool(Allocator allocator)
+    : allocator_(std::move(allocator)), buffers_(std::make_shared<BlockFreeList>()) {}
 
 BufferPool::~BufferPool() {
   for (auto& [size, p] : free_) allocator_.deallocate(p);
@@ -81,10 +93,15 @@ std::shared_ptr<Buffer> BufferPool::acquire(std::size_t size) {
     std::lock_guard lock(mu_);
     ++allocated_;
   }
-  // The buffer keeps the pool alive, so a batch may outlive the pipeline that made it.
-  return std::make_shared<Buffer>(
-      p, size, allocator_.device,
-      [pool = shared_from_this()](void* data, std::size_t n) { pool->give_back(data, n); });
+  // The buffer keeps the pool alive, so a batch may outlive the pipeline that made it; the
+  // Buffer and its control block are one block of buffers_.
+  try {
+    return std::allocate_shared<Buffer>(RecyclingAllocator<Buffer>(buffers_), shared_from_this(), p,
+                                        size, allocator_.device);
+  } catch (...) {
+    give_back(p, size);
+    throw;
+  }
 }
 
 void BufferPool::give_back(void* data, std::size_t size) {

@@ -15,6 +15,9 @@
 
 namespace flowstate {
 
+class BlockFreeList;
+class BufferPool;
+
 /// Where a buffer's bytes live.
 enum class MemoryKind : std::uint8_t { kHost, kPinned, kDevice };
 
@@ -35,11 +38,14 @@ class Buffer {
   /// Wraps `data`; `release(data, size)` runs when the Buffer is destroyed (may be empty).
   Buffer(void* data, std::size_t size, Device device, Release release)
       : data_(data), size_(size), device_(device), release_(std::move(release)) {}
+  /// Wraps a block of `pool` (BufferPool::acquire), given back to it when the Buffer is
+  /// destroyed; the Buffer keeps the pool alive. No function object: nothing is allocated for
+  /// the release.
+  Buffer(std::shared_ptr<BufferPool> pool, void* data, std::size_t size, Device device)
+      : data_(data), size_(size), device_(device), pool_(std::move(pool)) {}
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() {
-    if (release_) release_(data_, size_);
-  }
+  ~Buffer();
 
   /// A new 64-byte-aligned host buffer of `size` bytes (uninitialized).
   static std::shared_ptr<Buffer> allocate(std::size_t size);
@@ -57,6 +63,7 @@ class Buffer {
   std::size_t size_;
   Device device_;
   Release release_;
+  std::shared_ptr<BufferPool> pool_;  ///< set: the block goes back to this pool
 };
 
 /// Allocation functions for a BufferPool (host, pinned host, or device memory).
@@ -68,10 +75,12 @@ struct Allocator {
 
 /// A free list of blocks, recycled when the Buffers handed out are dropped; a request reuses a
 /// free block of exactly its size. Thread-safe. Free blocks are kept until the pool and every
-/// buffer it handed out are gone (a pipeline's batch sizes are few and fixed).
+/// buffer it handed out are gone (a pipeline's batch sizes are few and fixed). The Buffer
+/// objects' own memory (with their shared_ptr's control block) is recycled too: in steady
+/// state acquire() allocates nothing.
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
-  explicit BufferPool(Allocator allocator) : allocator_(std::move(allocator)) {}
+  explicit BufferPool(Allocator allocator);
   ~BufferPool();
   /// A pool of aligned host memory.
   static std::shared_ptr<BufferPool> host();
@@ -83,9 +92,12 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   const Device& device() const { return allocator_.device; }
 
  private:
+  friend class Buffer;
   void give_back(void* data, std::size_t size);
 
   Allocator allocator_;
+  /// The memory of the Buffer objects handed out (core/recycle.h).
+  std::shared_ptr<BlockFreeList> buffers_;
   mutable std::mutex mu_;
   std::vector<std::pair<std::size_t, void*>> free_;
   std::size_t allocated_ = 0;

@@ -35,6 +35,9 @@ class StateSnapshot final : public NodeSnapshot {
   explicit StateSnapshot(S state) : state_(std::move(state)) {}
   void save(OutArchive& ar) const override { ar(state_); }
   const S& state() const { return state_; }
+  /// Replaces the state. Only for a snapshot no one else holds: one given back to the node's
+  /// Recycler (core/recycle.h) and refilled for the next stamp.
+  void assign(const S& state) { state_ = state; }
 
  private:
   S state_;

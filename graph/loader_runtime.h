@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -170,23 +169,40 @@ class Loader::Runtime {
       if (taken_groups_ + groups_ready_.load(std::memory_order_relaxed) >= in_flight_target())
         graph_waits_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      std::unique_lock lock(mu_);
-      if (queue_.empty()) {
-        ++consumer_waits_;
-        const std::int64_t t0 = stats_now_ns();
-        ready_.wait(lock, [&] { return !queue_.empty(); });
-        const std::int64_t t1 = stats_now_ns();
-        consumer_wait_ns_ += static_cast<std::uint64_t>(t1 - t0);
-        if (tracer_ != nullptr) {
-          const ItemMsg& front = queue_.front();
-          const auto step = front.batch ? static_cast<std::int64_t>(front.batch->info.step) : -1;
-          tracer_->span(Tracer::kConsumer, consumer_wait_name_, t0, t1, step);
+      // An event count, not a condition variable: the consumer reads delivered_, looks at the
+      // queue, and sleeps on delivered_ only while it still holds what it read — one futex
+      // wait and one wake per empty queue, where the condition variable's wait, wake and
+      // mutex hand-back made six (bench/RESULTS.md, issue 26).
+      bool waited = false;
+      std::int64_t t0 = 0, t1 = 0;
+      for (;;) {
+        const std::uint32_t seen = delivered_.load(std::memory_order_acquire);
+        {
+          std::lock_guard lock(mu_);
+          if (!queue_.empty()) {
+            if (waited) {
+              t1 = stats_now_ns();
+              consumer_wait_ns_ += static_cast<std::uint64_t>(t1 - t0);
+            } else if (groups_ready_.load(std::memory_order_relaxed) >= in_flight_target()) {
+              graph_waits_.fetch_add(1, std::memory_order_relaxed);
+            }
+            taken_queue_.swap(queue_);  // queue_ is left empty
+            taken_groups_ = groups_ready_.exchange(0, std::memory_order_relaxed);
+            break;
+          }
+          if (!waited) {
+            waited = true;
+            ++consumer_waits_;
+            t0 = stats_now_ns();
+          }
         }
-      } else if (groups_ready_.load(std::memory_order_relaxed) >= in_flight_target()) {
-        graph_waits_.fetch_add(1, std::memory_order_relaxed);
+        delivered_.wait(seen, std::memory_order_acquire);
       }
-      taken_queue_.swap(queue_);  // queue_ is left empty
-      taken_groups_ = groups_ready_.exchange(0, std::memory_order_relaxed);
+      if (waited && tracer_ != nullptr) {
+        const ItemMsg& front = taken_queue_.front();
+        const auto step = front.batch ? static_cast<std::int64_t>(front.batch->info.step) : -1;
+        tracer_->span(Tracer::kConsumer, consumer_wait_name_, t0, t1, step);
+      }
     }
     ItemMsg m = std::move(taken_queue_.front());
     taken_queue_.pop_front();
@@ -397,7 +413,9 @@ class Loader::Runtime {
       for (ItemMsg& out : *g.items) queue_.push_back(std::move(out));
       groups_ready_.fetch_add(1, std::memory_order_relaxed);
     }
-    ready_.notify_one();
+    // Wakes the consumer if it sleeps (take()); a notify with no sleeper makes no system call.
+    delivered_.fetch_add(1, std::memory_order_release);
+    delivered_.notify_one();
     deliver_ns_ += elapsed_ns(t0);
     deliver_items_ += batches;
   }
@@ -450,7 +468,8 @@ class Loader::Runtime {
   bool restored_ = false;  ///< the spine was restored in place (note_restored)
 
   std::mutex mu_;
-  std::condition_variable ready_;
+  /// Bumped after every delivery to queue_: the consumer sleeps on it (take()).
+  std::atomic<std::uint32_t> delivered_{0};
   std::deque<ItemMsg> queue_;
   /// Groups in queue_ (changed under mu_; read without it for graph_waits_).
   std::atomic<std::size_t> groups_ready_{0};

@@ -220,7 +220,7 @@ std::optional<BatchPlan> Spine::next() {
   }
 }
 
-Stamp Spine::snapshot() const { return snapshot_nodes(chain_.nodes); }
+Stamp Spine::snapshot() const { return snapshot_nodes(chain_.nodes, &stamps_); }
 
 void Spine::restore(std::string_view bytes, const DataChange* change) {
   restore_nodes(chain_.nodes, bytes, "state", change);

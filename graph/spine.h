@@ -73,6 +73,8 @@ class Spine {
   SinkConfig sink_;
   BatchPlanner* planner_ = nullptr;
   NodeCounters* planner_counters_ = nullptr;
+  /// The stamps handed out, reused once dropped; a waiting one holds no snapshot.
+  mutable Recycler<StampData> stamps_{[](StampData& s) { s.snapshots.clear(); }};
 };
 
 /// The random key of the node at `index` of type `type` in a pipeline seeded with `seed`.

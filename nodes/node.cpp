@@ -47,15 +47,36 @@ void require_indexed(const SpineNode& self, const SpineNode* upstream) {
                                        "shard or a global shuffle");
 }
 
-Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes) {
-  auto s = std::make_shared<StampData>();
-  s->node_names.reserve(nodes.size());
-  s->snapshots.reserve(nodes.size());
-  for (const auto& n : nodes) {
-    s->node_names.push_back(n->name());
-    s->snapshots.push_back(n->snapshot());
+namespace {
+
+/// Fills `s` with the names and snapshots of `nodes` (a reused StampData keeps its vectors'
+/// and names' storage).
+void fill_stamp(StampData& s, const std::vector<std::unique_ptr<SpineNode>>& nodes) {
+  s.node_names.resize(nodes.size());
+  s.snapshots.clear();
+  s.snapshots.reserve(nodes.size());
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    s.node_names[i] = nodes[i]->name();
+    s.snapshots.push_back(nodes[i]->snapshot());
   }
-  return s;
+}
+
+}  // namespace
+
+Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
+                     Recycler<StampData>* stamps) {
+  if (stamps == nullptr) {
+    auto s = std::make_shared<StampData>();
+    fill_stamp(*s, nodes);
+    return s;
+  }
+  return stamps->get(
+      [&] {
+        auto s = std::make_unique<StampData>();
+        fill_stamp(*s, nodes);
+        return s;
+      },
+      [&](StampData& s) { fill_stamp(s, nodes); });
 }
 
 namespace {

@@ -19,6 +19,7 @@
 
 #include <cereal/cereal.hpp>
 
+#include "flowstate/core/recycle.h"
 #include "flowstate/core/ref.h"
 #include "flowstate/core/sample.h"
 #include "flowstate/core/state.h"
@@ -176,8 +177,10 @@ template <class State>
 class StatefulSpineNode : public SpineNode {
  public:
   using SpineNode::SpineNode;
+  /// A copy of state_; its memory is reused once every stamp holding it is dropped.
   std::shared_ptr<const NodeSnapshot> snapshot() const override {
-    return std::make_shared<StateSnapshot<State>>(state_);
+    return snapshots_.get([this] { return std::make_unique<StateSnapshot<State>>(state_); },
+                          [this](StateSnapshot<State>& s) { s.assign(state_); });
   }
   void restore(InArchive& ar) override {
     State s;
@@ -193,6 +196,11 @@ class StatefulSpineNode : public SpineNode {
   /// Rebuilds derived members after a restore.
   virtual void on_restored() {}
   State state_{};
+
+ private:
+  /// The snapshots handed out, reused when given back: a stamp per planned batch allocates
+  /// nothing for this node in steady state (bench/RESULTS.md, issue 26).
+  mutable Recycler<StateSnapshot<State>> snapshots_;
 };
 
 class BufferPool;
@@ -264,8 +272,10 @@ class SampleReader {
 /// Throws ConfigError unless `upstream` gives random access (`self` addresses it by position).
 void require_indexed(const SpineNode& self, const SpineNode* upstream);
 
-/// The stamp of `nodes` now: each node's name and snapshot.
-Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes);
+/// The stamp of `nodes` now: each node's name and snapshot. With `stamps`, the StampData comes
+/// from there (reused once every holder has dropped it: a spine stamps every batch).
+Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
+                     Recycler<StampData>* stamps = nullptr);
 /// Loads every node of `nodes` from a serialized stamp (either format, see parse_stamp):
 /// the stamp must hold exactly these nodes, by name, in order. Throws CheckpointError
 /// (on `where`) naming what does not fit.
