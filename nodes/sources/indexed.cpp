@@ -468,13 +468,9 @@ void IndexedSource::views(std::span<const Ref> refs, FieldId field,
     std::fill_n(out.begin(), refs.size(), std::nullopt);
     return;
   }
-  if (blocks_) {
-    // A remote .bin's views follow view()'s rule (none unless its blocks are all held).
-    for (std::size_t k = 0; k < refs.size(); ++k) out[k] = view(refs[k], field);
-    return;
-  }
   // A chunk of a shuffled order: each lookup is a cache miss (and, under nested paging, a page
-  // walk). Asking for them all first lets them overlap; the reads below then mostly hit.
+  // walk). Asking for them all first lets them overlap; the reads below then mostly hit. (A
+  // remote pair's index is a local copy too.)
   const bool documents = options_.unit == IndexedUnit::kDocument;
   for (const Ref& ref : refs) {
     const std::uint64_t i = local(ref);
@@ -483,6 +479,11 @@ void IndexedSource::views(std::span<const Ref> refs, FieldId field,
       f.prefetch_document(i);
     else
       f.prefetch_sequence(i);
+  }
+  if (blocks_) {
+    // A remote .bin's views follow view()'s rule (none unless its blocks are all held).
+    for (std::size_t k = 0; k < refs.size(); ++k) out[k] = view(refs[k], field);
+    return;
   }
   for (std::size_t k = 0; k < refs.size(); ++k)
     out[k] = RecordView{files_data_[refs[k].shard]->dtype(), record(refs[k])};

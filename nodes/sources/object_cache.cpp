@@ -378,6 +378,17 @@ std::shared_ptr<const CachePin> ObjectCache::fetch_range(const RemoteObject& obj
   return download(key, object, offset, length, remote);
 }
 
+std::vector<std::shared_ptr<const CachePin>> ObjectCache::pin_cached(
+    const std::vector<Range>& ranges) {
+  std::vector<std::string> keys;
+  keys.reserve(ranges.size());
+  for (const Range& r : ranges) keys.push_back(block_key(*r.object, r.offset, r.length));
+  std::vector<std::shared_ptr<const CachePin>> pins(ranges.size());
+  CacheLock lock(lock_path_);
+  for (std::size_t i = 0; i < ranges.size(); ++i) pins[i] = lookup(keys[i], ranges[i].length);
+  return pins;
+}
+
 std::vector<ExpandedPath> expand_remote_paths(const std::string& pattern,
                                               const SourceRemote* source) {
   const RemoteSettings remote = resolve_remote_settings(source);

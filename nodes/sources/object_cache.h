@@ -104,6 +104,17 @@ class ObjectCache {
   std::shared_ptr<const CachePin> fetch_range(const RemoteObject& object, std::uint64_t offset,
                                               std::uint64_t length, const RemoteSettings& remote);
 
+  /// Bytes [offset, offset + length) of `object`, as fetch_range and pin_cached name a block.
+  struct Range {
+    const RemoteObject* object = nullptr;
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+  };
+  /// Pins the copies of those of `ranges` the cache holds whole, all under one hold of the
+  /// lock (fetch_range takes it once per block): per range its pin, or null when it is not
+  /// cached (fetch_range downloads it). A warm reader asks for all its blocks at once.
+  std::vector<std::shared_ptr<const CachePin>> pin_cached(const std::vector<Range>& ranges);
+
   /// Bytes the cache's files take now (copies, their indexes, partial downloads).
   std::uint64_t usage() const;
   const CacheSettings& settings() const { return settings_; }

@@ -249,6 +249,7 @@ std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t 
 
 std::shared_ptr<const MappedFile> RemoteBlocks::open(std::uint64_t g) const {
   std::unique_lock lock(mu_);
+  if (hold_all_ && !adopted_) adopt_cached(lock);
   const auto held = [&](std::uint64_t j) {
     const auto it = slots_.find(j);
     return it != slots_.end() && (it->second.map || it->second.fetching);
@@ -320,11 +321,6 @@ void RemoteBlocks::fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) co
   try {
     pin = cache_.fetch_range(o, r.offset, r.length, remote_);
     map = std::make_shared<const MappedFile>(pin->path());
-    if (populate_ && !map->in_memory() && map->size() > 0)
-      // The block's pages mapped in here, on the downloader, as an indexed source's local
-      // .bin is populated: not faulted in by the workers' first reads, a few pages at a time.
-      // EINVAL (a kernel before 5.14) leaves them to the faults.
-      ::madvise(const_cast<std::byte*>(map->data()), map->size(), MADV_POPULATE_READ);
     if (map->size() != r.length)
       throw DataError(o.url, r.offset,
                       "the cached block of '" + o.url + "' at byte " + std::to_string(r.offset) +
@@ -342,10 +338,60 @@ void RemoteBlocks::fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) co
     s.pin = std::move(pin);
     s.map = std::move(map);
     if (hold_all_) published_[g].store(s.map.get(), std::memory_order_release);
+    if (populate_) unpopulated_.push_back(g);
   }
   changed_.notify_all();
   work_.notify_all();
   if (error) std::rethrow_exception(error);
+}
+
+void RemoteBlocks::adopt_cached(std::unique_lock<std::mutex>& lock) const {
+  if (adopting_) {
+    changed_.wait(lock, [&] { return adopted_; });
+    return;
+  }
+  adopting_ = true;
+  const std::uint64_t total = first_.back();
+  lock.unlock();
+  std::vector<std::shared_ptr<const CachePin>> pins;
+  std::vector<std::shared_ptr<const MappedFile>> maps(total);
+  try {
+    std::vector<ObjectCache::Range> ranges;
+    ranges.reserve(total);
+    for (std::uint64_t g = 0; g < total; ++g) {
+      const ByteRange r = range_of(g);
+      ranges.push_back({&objects_[object_of(g)], r.offset, r.length});
+    }
+    pins = cache_.pin_cached(ranges);
+    for (std::uint64_t g = 0; g < total; ++g) {
+      if (!pins[g]) continue;
+      auto map = std::make_shared<const MappedFile>(pins[g]->path());
+      if (map->size() == ranges[g].length) maps[g] = std::move(map);
+    }
+  } catch (...) {
+    // The blocks are fetched one by one instead, as when none is cached: a failure there is
+    // raised to the read that needs the block.
+    pins.assign(total, nullptr);
+    maps.assign(total, nullptr);
+  }
+  lock.lock();
+  for (std::uint64_t g = 0; g < total; ++g) {
+    if (!maps[g]) continue;
+    Slot& s = slots_[g];
+    if (s.map || s.fetching) continue;  // (no read or downloader claims a block before this)
+    held_bytes_ += range_of(g).length;
+    ++fetches_;  // asked for, and found cached
+    s.pin = std::move(pins[g]);
+    s.map = std::move(maps[g]);
+    published_[g].store(s.map.get(), std::memory_order_release);
+    if (populate_) unpopulated_.push_back(g);
+  }
+  // The downloaders populate from the back: the first blocks first.
+  std::reverse(unpopulated_.begin(), unpopulated_.end());
+  adopting_ = false;
+  adopted_ = true;
+  changed_.notify_all();
+  work_.notify_all();
 }
 
 void RemoteBlocks::download_ahead() {
@@ -382,6 +428,21 @@ void RemoteBlocks::download_ahead() {
         }
         break;
       }
+    }
+    if (claimed == kNone && !unpopulated_.empty()) {
+      // Nothing to download: a published block's pages mapped in here, on the downloader, as
+      // an indexed source's local .bin is populated — not faulted in by the workers' first
+      // reads, a few pages at a time. Published first, so no read waits for it. EINVAL (a
+      // kernel before 5.14) leaves them to the faults. (Slots of a reader that holds every
+      // block are never erased: the mapping outlives the call.)
+      const std::uint64_t g = unpopulated_.back();
+      unpopulated_.pop_back();
+      const std::shared_ptr<const MappedFile> map = slots_[g].map;
+      lock.unlock();
+      if (map && !map->in_memory() && map->size() > 0)
+        ::madvise(const_cast<std::byte*>(map->data()), map->size(), MADV_POPULATE_READ);
+      lock.lock();
+      continue;
     }
     if (claimed == kNone) {
       work_.wait(lock);

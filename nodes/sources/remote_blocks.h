@@ -14,11 +14,13 @@
 // next read sets the front wherever it is. Blocks outside the look-ahead stay pinned while the
 // limit has room and are unpinned least recently read first when a download needs their bytes.
 //
-// When the limit (less `reserved`) holds every block, the reader holds them all: from the
-// first read on, every block is downloaded in the background, `connections` at a time, the
-// blocks near the front first, and none is ever unpinned — a warm cache is then read at the
-// speed of mapped files (their pages mapped in by the downloaders, as a local .bin's are),
-// without a lock per read, and view() gives spans that stay valid as
+// When the limit (less `reserved`) holds every block, the reader holds them all: the first
+// read pins and maps every block the cache already holds, under one hold of the cache's lock
+// (ObjectCache::pin_cached), and from then on the others are downloaded in the background,
+// `connections` at a time, the blocks near the front first; none is ever unpinned. A warm
+// cache is then read at the speed of mapped files, without a lock per read (their pages
+// mapped in by the downloaders once nothing is left to download, as a local .bin's are by a
+// thread of its own: a read never waits for that), and view() gives spans that stay valid as
 // long as the reader lives (a range across blocks copied once, and kept).
 //
 // The limit must hold the look-ahead and one block more (a straggler, read behind the front):
@@ -152,6 +154,9 @@ class RemoteBlocks {
   bool make_room(std::uint64_t bytes) const;
   /// Downloads and maps the claimed block `g` without holding mu_, then publishes it.
   void fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) const;
+  /// With hold_all_, once (the first read; other reads wait for it): pins and maps every block
+  /// the cache holds, without holding mu_, and publishes them.
+  void adopt_cached(std::unique_lock<std::mutex>& lock) const;
   void download_ahead();
 
   std::vector<RemoteObject> objects_;
@@ -183,6 +188,10 @@ class RemoteBlocks {
   mutable std::uint64_t clock_ = 0;
   mutable std::uint64_t held_bytes_ = 0;  ///< bytes of blocks pinned or downloading
   mutable std::uint64_t fetches_ = 0;
+  mutable bool adopting_ = false;  ///< adopt_cached runs
+  mutable bool adopted_ = false;   ///< adopt_cached ran
+  /// With populate_: blocks published whose pages the downloaders have not mapped in yet.
+  mutable std::vector<std::uint64_t> unpopulated_;
   bool stop_ = false;
   std::vector<std::thread> downloaders_;  ///< min(lookahead, connections) threads
 };

@@ -1,10 +1,12 @@
 #include "flowstate/nodes/sources/remote_listing.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -84,13 +86,53 @@ std::optional<std::vector<RemoteObject>> read_saved(const std::filesystem::path&
   return decode_listing(text.str(), pattern, settings, file.string());
 }
 
+/// The listing of `pattern` the cache directory saved for `settings`, when one was saved
+/// at most `settings.listing_max_age` ago (by this machine's clock) and reads back whole;
+/// else nullopt (the cache's file is a cache: one that cannot be read is listed again and
+/// replaced).
+std::optional<std::vector<RemoteObject>> read_reusable(const std::string& pattern,
+                                                       const RemoteSettings& settings) {
+  if (settings.listing_max_age.count() <= 0 || settings.listing_dir.empty()) return std::nullopt;
+  const std::filesystem::path file = reusable_listing_file(settings.listing_dir, pattern, settings);
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<std::uintmax_t>(st.st_size) > kMaxListingBytes)
+    return std::nullopt;
+  const auto saved = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+  const auto age = std::chrono::system_clock::now() - saved;
+  if (age < std::chrono::system_clock::duration::zero() || age > settings.listing_max_age)
+    return std::nullopt;
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in) return std::nullopt;
+  try {
+    return decode_listing(text.str(), pattern, settings, file.string());
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+}
+
 /// This process's listing of `pattern` (rank 0's, or a process's on its own): the saved one
-/// when the context reuses it, else a new one, saved.
+/// when the context reuses it, else one the cache directory saved recently enough
+/// (read_reusable), else a new one; saved beside the checkpoints, and in the cache directory
+/// when listings may be reused there.
 std::vector<RemoteObject> list_here(const ListingContext* ctx, const std::string& pattern,
                                     const RemoteSettings& settings) {
   if (ctx != nullptr && !ctx->dir.empty() && ctx->reuse)
     if (auto saved = read_saved(ctx->dir, pattern, settings)) return std::move(*saved);
-  std::vector<RemoteObject> objects = list_remote(pattern, settings);
+  std::optional<std::vector<RemoteObject>> reused = read_reusable(pattern, settings);
+  std::vector<RemoteObject> objects = reused ? std::move(*reused) : list_remote(pattern, settings);
+  if (!reused && settings.listing_max_age.count() > 0 && !settings.listing_dir.empty()) {
+    try {
+      save_durably(reusable_listing_file(settings.listing_dir, pattern, settings),
+                   encode_listing(pattern, objects));
+    } catch (const CheckpointError&) {
+      // A cache that cannot keep the listing lists again next time.
+    }
+  }
   if (ctx != nullptr && !ctx->dir.empty()) {
     std::filesystem::path file = listing_file(ctx->dir, pattern);
     std::string text = encode_listing(pattern, objects);
@@ -154,6 +196,16 @@ void save_pending_listings(ListingMemo& memo) {
 
 std::filesystem::path listing_file(const std::filesystem::path& dir, const std::string& pattern) {
   return dir / kListingsDir / (hex64(hash64(redact_url(pattern))) + ".json");
+}
+
+std::filesystem::path reusable_listing_file(const std::filesystem::path& cache_dir,
+                                            const std::string& pattern,
+                                            const RemoteSettings& settings) {
+  // Another store, region or key may see other objects under the same pattern. The key id is
+  // hashed with the rest (never written out); the secret key is not part of it.
+  const std::string who = redact_url(pattern) + "\n" + settings.endpoint + "\n" + settings.region +
+                          "\n" + (settings.signs() ? settings.access_key : "");
+  return cache_dir / kListingsDir / (hex64(hash64(who)) + ".json");
 }
 
 std::string encode_listing(const std::string& pattern, const std::vector<RemoteObject>& objects) {

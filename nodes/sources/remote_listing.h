@@ -129,10 +129,28 @@ std::filesystem::path facts_file(const std::filesystem::path& dir, const std::st
 
 /// The objects `pattern` names, made once per job under the calling thread's ListingContext:
 /// from the memo; else on rank 0 (or a process on its own) from the saved listing (with
-/// `reuse`) or list_remote — saving what it listed — and on the other ranks from rank 0's
-/// answer. An error rank 0 met (a DataError naming the URL, a ConfigError) is thrown on every
-/// rank. A saved listing that cannot be read is a CheckpointError naming its file.
+/// `reuse`), else — when `settings.listing_max_age` is above 0 — from the listing the cache
+/// directory (`settings.listing_dir`) saved no longer ago than that, else list_remote — saving
+/// what it listed beside the checkpoints, and in the cache directory when listings may be
+/// reused — and on the other ranks from rank 0's answer. An error rank 0 met (a DataError
+/// naming the URL, a ConfigError) is thrown on every rank. A saved listing beside the
+/// checkpoints that cannot be read is a CheckpointError naming its file; one in the cache
+/// that cannot be read is listed again.
+///
+/// A listing reused from the cache is a snapshot up to `listing_max_age` old: objects added
+/// or removed since are not seen until it expires. It never lets another version through:
+/// every object keeps the size and ETag listed, cached copies are keyed by them, and a copy
+/// not cached is downloaded with If-Match on the listed ETag — an object changed since is a
+/// DataError naming it when read, as when it changes during a run.
 std::vector<RemoteObject> job_listing(const std::string& pattern, const RemoteSettings& settings);
+
+/// The file under the cache directory `cache_dir` that holds the listing jobs may reuse
+/// (RemoteSettings::listing_max_age) of `pattern` as `settings` reach it:
+/// `cache_dir/listings/<XXH3-64 of the redacted pattern, endpoint, region and key id, 16
+/// hex>.json`, in encode_listing's format. The cache's eviction never touches it.
+std::filesystem::path reusable_listing_file(const std::filesystem::path& cache_dir,
+                                            const std::string& pattern,
+                                            const RemoteSettings& settings);
 
 /// The file under `dir` that holds the saved listing of `pattern`:
 /// `dir/listings/<XXH3-64 of the redacted pattern, 16 hex>.json`.

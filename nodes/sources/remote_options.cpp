@@ -31,17 +31,25 @@ std::string check_endpoint(const ParamValue& value) {
   return "";
 }
 
+namespace {
+
+/// The cache directory in force for `source`: its option, the job's, the environment's.
+std::filesystem::path resolve_cache_dir(const SourceRemote* source) {
+  const ListingContext* job = current_listing_context();
+  if (source != nullptr && source->cache.dir) {
+    const std::filesystem::path dir(*source->cache.dir);
+    return dir.is_relative() && !source->base_dir.empty() ? source->base_dir / dir : dir;
+  }
+  if (job != nullptr && !job->cache_dir.empty()) return job->cache_dir;
+  return CacheSettings::environment_dir();
+}
+
+}  // namespace
+
 CacheSettings resolve_cache_settings(const SourceRemote* source) {
   const ListingContext* job = current_listing_context();
   CacheSettings s;
-  if (source != nullptr && source->cache.dir) {
-    const std::filesystem::path dir(*source->cache.dir);
-    s.dir = dir.is_relative() && !source->base_dir.empty() ? source->base_dir / dir : dir;
-  } else if (job != nullptr && !job->cache_dir.empty()) {
-    s.dir = job->cache_dir;
-  } else {
-    s.dir = CacheSettings::environment_dir();
-  }
+  s.dir = resolve_cache_dir(source);
   if (source != nullptr && source->cache.limit) {
     s.limit_key = source->node + ".cache.limit";
     s.limit = parse_byte_size(*source->cache.limit, s.limit_key);  // checked: above 0
@@ -55,9 +63,14 @@ CacheSettings resolve_cache_settings(const SourceRemote* source) {
 }
 
 RemoteSettings resolve_remote_settings(const SourceRemote* source) {
-  if (source == nullptr) return RemoteSettings::from_environment();
+  if (source == nullptr) {
+    RemoteSettings s = RemoteSettings::from_environment();
+    s.listing_dir = resolve_cache_dir(nullptr).string();
+    return s;
+  }
   const RemoteOptions& o = source->remote;
   RemoteSettings s = RemoteSettings::from_environment(o.profile.value_or(""));
+  s.listing_dir = resolve_cache_dir(source).string();
   auto ms = [](double seconds) {
     return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000)));
   };
@@ -78,6 +91,7 @@ RemoteSettings resolve_remote_settings(const SourceRemote* source) {
   if (o.backoff) s.backoff = ms(*o.backoff);
   if (o.connections) s.connections = static_cast<int>(*o.connections);
   if (o.rate) s.rate = *o.rate;
+  if (o.listing_max_age) s.listing_max_age = ms(*o.listing_max_age);
   return s;
 }
 

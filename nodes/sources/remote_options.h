@@ -1,8 +1,9 @@
 // The options every file source that reads URLs takes, declared once: `cache: {dir, limit}` (the
 // local cache of remote objects) and `remote: {endpoint, region, profile, anonymous, ca_bundle,
-// attempts, timeout, backoff, connections, rate}` (how objects are reached). A source's table
-// includes them with one row each (cache_param<O>(), remote_param<O>()); YAML, the C++ builder,
-// Python's keyword arguments (a dict) and `flowstate schema` derive from the groups' tables.
+// attempts, timeout, backoff, connections, rate, listing_max_age}` (how objects are reached). A
+// source's table includes them with one row each (cache_param<O>(), remote_param<O>()); YAML, the
+// C++ builder, Python's keyword arguments (a dict) and `flowstate schema` derive from the groups'
+// tables.
 //
 // Precedence, per setting: the source's option, then the job's default (LoaderOptions::cache_dir
 // and cache_limit, which `flowstate run --cache-dir/--cache-limit` and Python's
@@ -74,6 +75,8 @@ struct RemoteOptions {
   std::optional<double> backoff;          ///< seconds before the first retry (then doubling)
   std::optional<std::uint64_t> connections;  ///< parallel downloads
   std::optional<double> rate;  ///< requests per second this process starts at most (0: any)
+  /// seconds a listing saved in the cache directory is read instead of listing (0: never)
+  std::optional<double> listing_max_age;
 
   static constexpr auto table() {
     using O = RemoteOptions;
@@ -121,6 +124,13 @@ struct RemoteOptions {
                .doc = "requests per second the process starts at most, retries included (0: "
                       "unbounded)",
                .default_doc = "FLOWSTATE_REMOTE_RATE, else 0"}),
+        param("listing_max_age", &O::listing_max_age,
+              {.min = 0,
+               .max = kMaxListingAgeSeconds,
+               .doc = "seconds a listing the cache directory saved may be read instead of "
+                      "listing again (objects added or removed since are not seen; a changed "
+                      "object is still refused when read)",
+               .default_doc = "FLOWSTATE_LISTING_MAX_AGE, else 0: every job lists"}),
     };
   }
 };
@@ -134,11 +144,12 @@ constexpr auto cache_param() {
 /// The `remote` row of a file source's options table (`O::remote`, a RemoteOptions; free).
 template <class O>
 constexpr auto remote_param() {
-  return param("remote", &O::remote,
-               {.free = true,
-                .doc = "how s3:// and http(s):// objects are reached: {endpoint, region, "
-                       "profile, anonymous, ca_bundle, attempts, timeout, backoff, connections, "
-                       "rate}; keys come from the environment or the profile only"});
+  return param(
+      "remote", &O::remote,
+      {.free = true,
+       .doc = "how s3:// and http(s):// objects are reached: {endpoint, region, "
+              "profile, anonymous, ca_bundle, attempts, timeout, backoff, connections, "
+              "rate, listing_max_age}; keys come from the environment or the profile only"});
 }
 
 /// What one source says of its remote objects: its options and where they were written.
@@ -161,7 +172,8 @@ SourceRemote source_remote(std::string node, const O& o) {
 /// Throws ConfigError naming the key of a malformed value.
 CacheSettings resolve_cache_settings(const SourceRemote* source);
 /// The remote settings in force for `source` (null: the environment's): the source's options
-/// over RemoteSettings::from_environment (read for the source's `profile` when it names one).
+/// over RemoteSettings::from_environment (read for the source's `profile` when it names one),
+/// `listing_dir` the cache directory resolve_cache_settings gives.
 RemoteSettings resolve_remote_settings(const SourceRemote* source);
 
 }  // namespace flowstate

@@ -497,6 +497,8 @@ RemoteSettings RemoteSettings::from_environment(const std::string& named_profile
   s.connections = static_cast<int>(parse_env_number("FLOWSTATE_REMOTE_CONNECTIONS", 1, 1, 256, 8));
   s.page_keys = static_cast<int>(parse_env_number("FLOWSTATE_S3_PAGE_KEYS", 1, 1, 1000, 1000));
   s.rate = static_cast<double>(parse_env_number("FLOWSTATE_REMOTE_RATE", 1000, 0, 1e6, 0)) / 1000.0;
+  s.listing_max_age = std::chrono::milliseconds(
+      parse_env_number("FLOWSTATE_LISTING_MAX_AGE", 1000, 0, kMaxListingAgeSeconds, 0));
   return s;
 }
 

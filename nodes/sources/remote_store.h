@@ -37,6 +37,9 @@ bool glob_matches(const std::string& pattern, const std::string& name);
 /// removed. Every URL flowstate shows (errors, identities, inspect) goes through it.
 std::string redact_url(std::string_view url);
 
+/// The longest FLOWSTATE_LISTING_MAX_AGE (and `remote.listing_max_age`) accepted: a year.
+inline constexpr double kMaxListingAgeSeconds = 365.0 * 24 * 3600;
+
 /// How remote objects are reached, read from the environment the way the AWS CLI reads it.
 /// Holds secrets: never formatted into a message.
 struct RemoteSettings {
@@ -63,6 +66,14 @@ struct RemoteSettings {
   /// pages, HEADs, GETs and retries alike — spaced evenly (FLOWSTATE_REMOTE_RATE; 0, the
   /// default: unbounded). Per process: a job of N processes sends up to N times as many.
   double rate = 0;
+  /// How old a listing saved in the cache directory (`listing_dir`) may be for a job to read
+  /// it instead of listing (FLOWSTATE_LISTING_MAX_AGE, seconds; 0, the default: every job
+  /// lists). What a reused listing may miss, and what it never lets through, is job_listing's
+  /// rule (nodes/sources/remote_listing.h).
+  std::chrono::milliseconds listing_max_age{0};
+  /// The cache directory whose `listings/` holds the listings jobs may reuse (set by
+  /// resolve_remote_settings to the source's cache directory). Empty: none is read or saved.
+  std::string listing_dir;
 
   /// Reads the environment and, for what it lacks, the shared credentials and config files
   /// (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials, AWS_CONFIG_FILE or ~/.aws/config) for

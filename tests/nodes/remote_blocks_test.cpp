@@ -194,6 +194,27 @@ TEST(RemoteBlocks, WhenTheLimitHoldsEveryBlockAllArePinnedAndViewsStayValid) {
                    .holds_all());
 }
 
+TEST(RemoteBlocks, AReaderThatHoldsEveryBlockPinsAllCachedOnesAtItsFirstRead) {
+  TempDir dir;
+  const RemoteObject o = unreachable("warm.bin", 6 * 4096 + 10);
+  // Blocks 0 to 5 cached; block 6 not (its download fails: the server is unreachable).
+  for (std::uint64_t k = 0; k < 6; ++k) seed_block(dir, o, 4096, k);
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing());
+  ASSERT_TRUE(blocks.holds_all());
+  const auto first = blocks.view(0, 4096 * 5 + 3, 20);
+  // Every cached block is pinned (and mapped) by the first read, not later by the downloaders.
+  for (std::uint64_t k = 0; k < 6; ++k) EXPECT_TRUE(pinned(dir, o, 4096, k)) << k;
+  EXPECT_GE(blocks.fetches(), 6u);
+  for (std::size_t i = 0; i < first.size(); ++i)
+    ASSERT_EQ(static_cast<char>(first[i]), byte_at(4096 * 5 + 3 + i)) << i;
+  const auto across = blocks.view(0, 4090, 4096 * 4);  // blocks 0 to 4
+  for (std::size_t i = 0; i < across.size(); ++i)
+    ASSERT_EQ(static_cast<char>(across[i]), byte_at(4090 + i)) << i;
+  // The block not cached is downloaded, and its failure raised to the read that needs it.
+  EXPECT_THROW(blocks.view(0, 4096 * 6, 10), DataError);
+  EXPECT_EQ(static_cast<char>(blocks.view(0, 7, 1)[0]), byte_at(7));
+}
+
 TEST(RemoteBlocks, AFailedBlockDownloadIsADataErrorNamingTheUrlAndTheRange) {
   TempDir dir;
   const RemoteObject o = unreachable("gone.bin", 3 * 4096);

@@ -128,7 +128,7 @@ TEST(RemoteOptions, AnUnknownSubKeyIsAnErrorNamingItsLineAndKey) {
   EXPECT_EQ(std::string(r.what()),
             "p.yaml:7:12: source.remote.retries: unknown parameter 'retries' of records source's "
             "remote (known: endpoint, region, profile, anonymous, ca_bundle, attempts, timeout, "
-            "backoff, connections, rate)");
+            "backoff, connections, rate, listing_max_age)");
 }
 
 TEST(RemoteOptions, SubValuesAreCheckedByTheirRowsAtTheirPlace) {
