@@ -24,9 +24,10 @@
 // Reads planned from the order (plan()). The spine knows the reads before they happen: it hands
 // the source the Refs of every batch it plans, and the source hands them here as byte ranges, in
 // step order. The blocks those reads touch are then downloaded in the plan's order,
-// `connections` at a time, as far ahead as the limit allows less one block (the one a read
-// that finds its block neither held nor in flight downloads itself): the plan's pins — a block
-// pinned for the plan stays until every planned read of it has read it — whatever the reads'
+// `connections` at a time, as far ahead as the limit allows less the look-ahead's least
+// (lookahead + 1 blocks: the blocks just read, read again soon, and the block a read that finds
+// its own neither held nor in flight downloads), at least `lookahead` blocks: the plan's pins — a
+// block pinned for the plan stays until every planned read of it has read it — whatever the reads'
 // order, a global shuffle's random reads included. While a plan is given the read-following
 // look-ahead above is off (the plan replaces it), and the plan's pins give way to a read that
 // needs room (its own download unpins the one planned last), so the least limit stays the
@@ -250,7 +251,7 @@ class RemoteBlocks {
   mutable std::atomic<bool> planning_{false};
   mutable std::deque<std::uint64_t> plan_;  ///< planned blocks in order (runs of one merged)
   mutable std::uint64_t plan_bytes_ = 0;    ///< bytes of the blocks pinned for the plan
-  std::uint64_t plan_budget_ = 0;           ///< the limit less the largest block
+  std::uint64_t plan_budget_ = 0;  ///< the limit less lookahead + 1 blocks, at least lookahead
   bool stop_ = false;
   std::vector<std::thread> downloaders_;  ///< min(lookahead, connections) threads
 };
