@@ -7,6 +7,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/core/hash.h"
 #include "flowstate/graph/node_stats.h"
+#include "flowstate/nodes/read_plan.h"
 
 namespace flowstate {
 
@@ -203,9 +204,20 @@ Spine::Spine(const Pipeline& pipeline, std::uint64_t epochs, NodeStatsTable* sta
   sink_.plan_stages.clear();
   planner_->set_store(chain_.store);
   planner_->set_snapshotter([this] { return snapshot(); });
+  // Asked once: a store of local files is no ReadPlanner, or says no, and is never called.
+  if (const auto* p = dynamic_cast<const ReadPlanner*>(chain_.store); p && p->plans_reads())
+    read_planner_ = p;
 }
 
 std::optional<BatchPlan> Spine::next() {
+  std::optional<BatchPlan> plan = plan_next();
+  // The reads this batch will make, before a worker makes them (not state: a plan is a function
+  // of the batch).
+  if (read_planner_ != nullptr && plan) read_planner_->plan_reads(plan->info.refs);
+  return plan;
+}
+
+std::optional<BatchPlan> Spine::plan_next() {
   if (planner_counters_ == nullptr) return planner_->next();
   // The batch node's boundary (its upstreams' are their timing wrappers, graph/node_stats.cpp,
   // there with node stats only): an error the planner itself throws names it.

@@ -32,6 +32,7 @@ struct SinkConfig {
 
 class NodeStatsTable;
 struct NodeCounters;
+class ReadPlanner;
 
 /// The stateful spine of one running pipeline. Not thread-safe.
 class Spine {
@@ -41,7 +42,8 @@ class Spine {
   /// `stats` must outlive the spine.
   Spine(const Pipeline& pipeline, std::uint64_t epochs, NodeStatsTable* stats = nullptr);
 
-  /// The next scheduled batch, stamped; nullopt after the last epoch.
+  /// The next scheduled batch, stamped; nullopt after the last epoch. Its Refs are handed to
+  /// the store first when the store plans its reads (nodes/read_plan.h).
   std::optional<BatchPlan> next();
   /// The current state of every node.
   Stamp snapshot() const;
@@ -75,6 +77,10 @@ class Spine {
   NodeCounters* planner_counters_ = nullptr;
   /// The stamps handed out, reused once dropped; a waiting one holds no snapshot.
   mutable Recycler<StampData> stamps_{[](StampData& s) { s.snapshots.clear(); }};
+  /// The store, when it downloads ahead along the planned order (nodes/read_plan.h); else null.
+  const ReadPlanner* read_planner_ = nullptr;
+  /// planner_->next(), timed as the batch node's when node stats are on.
+  std::optional<BatchPlan> plan_next();
 };
 
 /// The random key of the node at `index` of type `type` in a pipeline seeded with `seed`.

@@ -5,6 +5,7 @@
 
 #include "flowstate/core/buffer.h"
 #include "flowstate/nodes/assembly.h"
+#include "flowstate/nodes/read_plan.h"
 
 namespace flowstate {
 
@@ -259,6 +260,19 @@ bool PackNode::read_ahead(std::uint64_t at, const Ref& current) {
       n += upstream_->upcoming(std::span(refs).subspan(n));
     ahead_.resize(n);
     for (std::size_t i = 0; i < n; ++i) ahead_[i].ref = refs[i];
+  }
+  {
+    // A store that downloads ahead along a plan (a remote source read by range,
+    // nodes/read_plan.h) gets the window's documents in order first: its downloaders fetch
+    // them, `connections` at a time, while the workers read them. Asked per window, not per
+    // document; a store of local files is never called.
+    const auto* planner = dynamic_cast<const ReadPlanner*>(upstream_store_);
+    if (planner != nullptr && planner->plans_reads()) {
+      thread_local std::vector<Ref> planned;
+      planned.clear();
+      for (const Ahead& a : ahead_) planned.push_back(a.ref);
+      planner->plan_reads(planned);
+    }
   }
   parallel_(n, [&](std::size_t i) {
     Ahead& a = ahead_[i];

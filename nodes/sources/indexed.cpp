@@ -267,6 +267,15 @@ std::span<const std::byte> IndexedFile::stable(std::uint64_t i, bool document) c
                        static_cast<std::size_t>(length(i)) * item_);
 }
 
+PlannedRead IndexedFile::planned_read(std::uint64_t i, bool document) const {
+  if (document) {
+    const auto [begin, end] = document_range(i);
+    return {bin_object_, begin, end - begin};
+  }
+  return {bin_object_, static_cast<std::uint64_t>(pointer(i)),
+          static_cast<std::uint64_t>(length(i)) * item_};
+}
+
 void IndexedFile::prefetch_sequence(std::uint64_t i) const {
   __builtin_prefetch(idx_data_ + lengths_at_ + 4 * i);
   __builtin_prefetch(idx_data_ + pointers_at_ + 8 * i);
@@ -448,6 +457,24 @@ void IndexedSource::read(const Ref& ref, Sample& sample) const {
   if (!bytes.empty()) std::memcpy(t.data(), bytes.data(), bytes.size());
   sample.ref = ref;
   sample.set(field_, std::move(t));
+}
+
+void IndexedSource::plan_reads(std::span<const Ref> refs) const {
+  thread_local std::vector<PlannedRead> reads;
+  reads.clear();
+  const bool documents = options_.unit == IndexedUnit::kDocument;
+  for (const Ref& ref : refs) {
+    const Ref r = ref.record();  // padding reads its record again
+    if (r.shard >= files_data_.size() || !files_data_[r.shard]->remote()) continue;
+    std::uint64_t i = 0;
+    try {
+      i = local(r);
+    } catch (const DataError&) {
+      continue;  // not one of this source's records: its read says so
+    }
+    reads.push_back(files_data_[r.shard]->planned_read(i, documents));
+  }
+  blocks_->plan(reads);
 }
 
 std::optional<RecordView> IndexedSource::view(const Ref& ref, FieldId field) const {

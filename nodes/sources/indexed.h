@@ -36,6 +36,7 @@
 #include "flowstate/core/dtype.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/node.h"
+#include "flowstate/nodes/read_plan.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
 #include "flowstate/nodes/sources/object_cache.h"
@@ -138,6 +139,9 @@ class IndexedFile {
   void prefetch_document(std::uint64_t d) const;
   /// Whether the .bin is remote (read by blocks).
   bool remote() const { return blocks_ != nullptr; }
+  /// Of a remote .bin: the read of document `i` (`document`) or sequence `i` as a range of its
+  /// object in the RemoteBlocks (what RemoteBlocks::plan takes).
+  PlannedRead planned_read(std::uint64_t i, bool document) const;
   /// Of a remote .bin whose reader holds every block: document `i` (`document`) or sequence
   /// `i`, valid as long as the reader lives (RemoteBlocks::view).
   std::span<const std::byte> stable(std::uint64_t i, bool document) const;
@@ -194,7 +198,7 @@ class IndexedFile {
 /// in the page cache yet is read into it on the way. The destructor stops the thread at the
 /// next 8 MiB (a forked child's copy of the source does not wait: the thread is the parent's).
 /// Nothing a run delivers depends on it.
-class IndexedSource final : public FileSource {
+class IndexedSource final : public FileSource, public ReadPlanner {
  public:
   IndexedSource(std::string name, IndexedOptions options, std::uint32_t source_id = 0);
   ~IndexedSource() override;
@@ -208,6 +212,10 @@ class IndexedSource final : public FileSource {
   /// The views of a chunk: every index entry they need is prefetched first, then read.
   void views(std::span<const Ref> refs, FieldId field,
              std::span<std::optional<RecordView>> out) const override;
+  /// True when a .bin is remote and its RemoteBlocks plans (RemoteBlocks::plans).
+  bool plans_reads() const override { return blocks_ && blocks_->plans(); }
+  /// The remote documents (or sequences) among `refs`, as byte ranges, to RemoteBlocks::plan.
+  void plan_reads(std::span<const Ref> refs) const override;
 
  protected:
   void epoch_started(std::uint64_t epoch) override;

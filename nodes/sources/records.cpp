@@ -76,6 +76,24 @@ std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
   return blocks_->read(remote_[ref.shard], offset, options_.record_bytes);
 }
 
+void RecordsSource::plan_reads(std::span<const Ref> refs) const {
+  thread_local std::vector<PlannedRead> reads;
+  reads.clear();
+  for (const Ref& ref : refs) {
+    const Ref r = ref.record();  // padding reads its record again
+    const std::size_t k = r.shard;
+    if (k >= maps_.size() || maps_[k] != nullptr) continue;  // local (or not a record: read says)
+    std::uint64_t i = 0;
+    try {
+      i = local(r);
+    } catch (const DataError&) {
+      continue;  // not one of this source's records: its read says so
+    }
+    reads.push_back({remote_[k], i * options_.record_bytes, options_.record_bytes});
+  }
+  blocks_->plan(reads);
+}
+
 void RecordsSource::epoch_started(std::uint64_t /*epoch*/) {
   if (blocks_) blocks_->new_pass();
 }

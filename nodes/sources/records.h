@@ -20,6 +20,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/nodes/definition.h"
 #include "flowstate/nodes/node.h"
+#include "flowstate/nodes/read_plan.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
 #include "flowstate/nodes/sources/remote_blocks.h"
@@ -71,8 +72,10 @@ const NodeDef& records_node();
 /// reads reach them, not when the source is built: by range, through RemoteBlocks (blocks of
 /// FLOWSTATE_REMOTE_BLOCK bytes; every block from the first read on when the cache limit holds
 /// them all, else `lookahead` blocks ahead of reads that progress), so a global shuffle over a
-/// cache smaller than the data downloads blocks, not objects.
-class RecordsSource final : public FileSource {
+/// cache smaller than the data downloads blocks, not objects. The spine hands it the Refs of
+/// the batches it plans (ReadPlanner), and their blocks download in that order ahead of the
+/// reads (RemoteBlocks::plan).
+class RecordsSource final : public FileSource, public ReadPlanner {
  public:
   RecordsSource(std::string name, RecordsOptions options, std::uint32_t source_id = 0);
 
@@ -80,6 +83,10 @@ class RecordsSource final : public FileSource {
   std::span<const std::byte> record(const Ref& ref) const override;
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
+  /// True when some files are remote and RemoteBlocks plans (RemoteBlocks::plans).
+  bool plans_reads() const override { return blocks_ && blocks_->plans(); }
+  /// The remote records among `refs`, as byte ranges, to RemoteBlocks::plan.
+  void plan_reads(std::span<const Ref> refs) const override;
 
  protected:
   void epoch_started(std::uint64_t epoch) override;

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "flowstate/core/error.h"
 
@@ -53,6 +55,14 @@ std::uint64_t block_bytes_from_environment() {
                                                     std::to_string(kMinBlockBytes) +
                                                     "-byte smallest block");
   return b;
+}
+
+bool remote_plan_from_environment() {
+  const char* v = std::getenv("FLOWSTATE_REMOTE_PLAN");
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "1") return true;
+  if (std::string_view(v) == "0") return false;
+  throw ConfigError("FLOWSTATE_REMOTE_PLAN",
+                    "'" + std::string(v) + "' is not 0 (reads not planned) or 1 (planned)");
 }
 
 std::uint64_t block_count(std::uint64_t size, std::uint64_t block) {
@@ -108,6 +118,14 @@ RemoteBlocks::RemoteBlocks(std::vector<RemoteObject> objects, std::size_t lookah
   std::uint64_t total = 0;
   for (const std::uint64_t size : sizes) total += size;
   hold_all_ = total <= budget_;
+  plan_on_ = remote_plan_from_environment();
+  // The plan's pins: the limit less the look-ahead's least (lookahead + 1 of the largest blocks),
+  // left to the blocks just read — a record is read again right after (the assembler's gather
+  // asks for a record a few ahead, then copies it) — and to the block a read downloads itself;
+  // but at least `lookahead` of the largest blocks, which the check below leaves room for.
+  plan_budget_ = std::max(lookahead_ > 1 ? blocks_needed(sizes, block_, lookahead_ - 1)
+                                         : blocks_needed(sizes, block_, 0),
+                          budget_ > need ? budget_ - need : 0);
   populate_ = hold_all_ && fits_a_quarter_of_memory(total);
   if (hold_all_) {
     published_ = std::make_unique<std::atomic<const MappedFile*>[]>(first_.back());
@@ -140,6 +158,111 @@ RemoteBlocks::~RemoteBlocks() {
   }
   work_.notify_all();
   for (auto& t : downloaders_) t.join();
+  write_stats();
+}
+
+void RemoteBlocks::write_stats() const {
+  const char* path = std::getenv("FLOWSTATE_REMOTE_STATS");
+  if (path == nullptr || *path == '\0') return;
+  const BlockReadStats s = stats();
+  // One line per reader, appended whole (O_APPEND): a debug stat the tests and benchmarks read.
+  const std::string line = "{\"blocks\": " + std::to_string(first_.back()) +
+                           ", \"held\": " + std::to_string(s.held) +
+                           ", \"in_flight\": " + std::to_string(s.in_flight) +
+                           ", \"on_demand\": " + std::to_string(s.on_demand) +
+                           ", \"fetches\": " + std::to_string(s.fetches) +
+                           ", \"planned_fetches\": " + std::to_string(s.planned_fetches) +
+                           ", \"planned_reads\": " + std::to_string(s.planned_reads) + "}\n";
+  if (std::FILE* f = std::fopen(path, "a")) {
+    std::fwrite(line.data(), 1, line.size(), f);
+    std::fclose(f);
+  }
+}
+
+BlockReadStats RemoteBlocks::stats() const {
+  std::lock_guard lock(mu_);
+  BlockReadStats s = stats_;
+  s.fetches = fetches_;
+  return s;
+}
+
+void RemoteBlocks::plan(std::span<const PlannedRead> reads) const {
+  if (!plans() || reads.empty()) return;
+  // Planned reads not read yet, at most: past it (reads that never came) the plan starts over.
+  constexpr std::size_t kMaxPlanned = std::size_t{1} << 16;
+  {
+    std::lock_guard lock(mu_);
+    if (plan_.size() + reads.size() > kMaxPlanned) {
+      for (auto& [g, s] : slots_) {
+        if (s.plan_pin) drop_plan_pin(g, s);
+        s.planned = 0;
+      }
+      plan_.clear();
+    }
+    for (const PlannedRead& r : reads) {
+      if (r.length == 0 || r.object >= objects_.size()) continue;
+      const RemoteObject& o = objects_[r.object];
+      if (r.offset > o.size || r.length > o.size - r.offset) continue;  // the read will say
+      const BlockSpan span = blocks_spanned(r.offset, r.length, block_);
+      for (std::uint64_t k = span.first; k <= span.last; ++k) {
+        const std::uint64_t g = first_[r.object] + k;
+        ++slots_[g].planned;
+        if (plan_.empty() || plan_.back() != g) plan_.push_back(g);
+      }
+      ++stats_.planned_reads;
+    }
+    planning_.store(true, std::memory_order_relaxed);
+    sequential_ = false;  // the plan replaces the read-following look-ahead
+  }
+  work_.notify_all();
+}
+
+void RemoteBlocks::drop_plan_pin(std::uint64_t g, Slot& s) const {
+  s.plan_pin = false;
+  plan_bytes_ -= range_of(g).length;
+}
+
+void RemoteBlocks::consume_planned(std::uint64_t g) const {
+  const auto it = slots_.find(g);
+  if (it == slots_.end() || it->second.planned == 0) return;
+  Slot& s = it->second;
+  if (--s.planned > 0) return;
+  if (s.plan_pin) {
+    drop_plan_pin(g, s);
+    work_.notify_all();  // the plan's bytes have room for its next block
+  }
+  // A slot kept only for its planned reads (its block unpinned meanwhile) goes.
+  if (!s.pin && !s.fetching && !s.error) slots_.erase(it);
+}
+
+std::uint64_t RemoteBlocks::claim_planned() const {
+  // The blocks read (planned reads left: none) leave the plan's front.
+  while (!plan_.empty()) {
+    const auto it = slots_.find(plan_.front());
+    if (it != slots_.end() && it->second.planned > 0) break;
+    plan_.pop_front();
+  }
+  for (const std::uint64_t g : plan_) {
+    Slot& s = slots_[g];
+    if (s.planned == 0 || s.plan_pin || s.error) continue;
+    const std::uint64_t length = range_of(g).length;
+    if (plan_bytes_ + length > plan_budget_) return kNone;  // the plan's bytes are spent
+    if (s.map || s.fetching) {
+      // Held already (or downloading for a read): kept for the plan from here on.
+      s.plan_pin = true;
+      plan_bytes_ += length;
+      continue;
+    }
+    if (!make_room(length)) return kNone;
+    Slot& claimed = slots_[g];  // (make_room unpinned only blocks held, not this one)
+    claimed.plan_pin = true;
+    plan_bytes_ += length;
+    claimed.fetching = true;
+    held_bytes_ += length;
+    ++stats_.planned_fetches;
+    return g;
+  }
+  return kNone;
 }
 
 void RemoteBlocks::new_pass() {
@@ -222,6 +345,9 @@ std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t 
       t.map = open(g);
       t.reader = id_;
       t.g = g;
+    } else if (planning_.load(std::memory_order_relaxed)) {
+      std::lock_guard lock(mu_);
+      consume_planned(g);
     }
     return {t.map->data() + (offset - span.first * block_), length};
   }
@@ -237,6 +363,9 @@ std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t 
       t.map = open(g);
       t.reader = id_;
       t.g = g;
+    } else if (planning_.load(std::memory_order_relaxed)) {
+      std::lock_guard lock(mu_);
+      consume_planned(g);
     }
     const std::uint64_t from = std::max(offset, r.offset);
     const std::uint64_t to = std::min(offset + length, r.offset + r.length);
@@ -267,18 +396,33 @@ std::shared_ptr<const MappedFile> RemoteBlocks::open(std::uint64_t g) const {
     front_ = g;
     work_.notify_all();
   }
+  if (planning_.load(std::memory_order_relaxed)) sequential_ = false;  // the plan looks ahead
+  // How this read found its block: counted once, at its first look.
+  enum class Found { kNotYet, kHeld, kInFlight, kOnDemand } found = Found::kNotYet;
   for (;;) {
     Slot& s = slots_[g];
     s.last_read = ++clock_;
-    if (s.map) return s.map;
+    if (s.map) {
+      if (found == Found::kNotYet) ++stats_.held;
+      consume_planned(g);
+      return s.map;
+    }
     if (s.error) std::rethrow_exception(s.error);
     if (s.fetching) {
+      if (found == Found::kNotYet) {
+        found = Found::kInFlight;
+        ++stats_.in_flight;
+      }
       changed_.wait(lock);
       continue;
     }
     // Not held and no one downloads it: this read fetches it, once there is room.
+    if (found == Found::kNotYet) {
+      found = Found::kOnDemand;
+      ++stats_.on_demand;
+    }
     const std::uint64_t length = range_of(g).length;
-    if (!make_room(length)) {
+    if (!make_room(length, /*for_read=*/true)) {
       changed_.wait(lock);
       continue;
     }
@@ -289,23 +433,42 @@ std::shared_ptr<const MappedFile> RemoteBlocks::open(std::uint64_t g) const {
   }
 }
 
-bool RemoteBlocks::make_room(std::uint64_t bytes) const {
+bool RemoteBlocks::make_room(std::uint64_t bytes, bool for_read) const {
   while (held_bytes_ + bytes > budget_) {
     auto victim = slots_.end();
+    auto planned_victim = slots_.end();  // a block pinned for the plan, read the latest
     bool in_flight = false;
     for (auto it = slots_.begin(); it != slots_.end(); ++it) {
       in_flight = in_flight || it->second.fetching;
       if (!it->second.pin || needed(it->first)) continue;
+      if (it->second.plan_pin) {
+        if (planned_victim == slots_.end() ||
+            it->second.last_read > planned_victim->second.last_read)
+          planned_victim = it;
+        continue;
+      }
       if (victim == slots_.end() || it->second.last_read < victim->second.last_read) victim = it;
     }
+    if (victim == slots_.end() && for_read && planned_victim != slots_.end()) {
+      // A read goes first: the plan's pin gives way (the plan pins the block again later).
+      victim = planned_victim;
+      drop_plan_pin(victim->first, victim->second);
+    }
     if (victim == slots_.end()) {
-      // Only the look-ahead and downloads in flight are held. When nothing is in flight the
-      // build-time check says the bytes fit; the cache decides (other processes share it).
+      // Only the look-ahead, the plan's blocks and downloads in flight are held. When nothing is
+      // in flight the build-time check says the bytes fit; the cache decides (other processes
+      // share it).
       return !in_flight;
     }
-    // Unpinned: the cache may evict it. A thread still reading it holds the mapping.
+    // Unpinned: the cache may evict it. A thread still reading it holds the mapping. A block
+    // the plan still names keeps its slot (its count of planned reads).
     held_bytes_ -= range_of(victim->first).length;
-    slots_.erase(victim);
+    if (victim->second.planned > 0) {
+      victim->second.pin.reset();
+      victim->second.map.reset();
+    } else {
+      slots_.erase(victim);
+    }
   }
   return true;
 }
@@ -334,6 +497,7 @@ void RemoteBlocks::fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) co
   if (error) {
     held_bytes_ -= r.length;
     s.error = error;
+    if (s.plan_pin) drop_plan_pin(g, s);
   } else {
     s.pin = std::move(pin);
     s.map = std::move(map);
@@ -402,7 +566,10 @@ void RemoteBlocks::download_ahead() {
   for (;;) {
     if (stop_) return;
     std::uint64_t claimed = kNone;
-    if (started_ && hold_all_) {
+    if (planning_.load(std::memory_order_relaxed) && !hold_all_) {
+      // The plan's next block (the reads' order, given by the spine).
+      claimed = claim_planned();
+    } else if (started_ && hold_all_) {
       // Every block, the front's first: from the front to the end, then from the start.
       for (std::uint64_t i = 0; i < total && claimed == kNone; ++i) {
         const std::uint64_t j = (front_ + i) % total;

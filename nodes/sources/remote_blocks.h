@@ -23,6 +23,21 @@
 // thread of its own: a read never waits for that), and view() gives spans that stay valid as
 // long as the reader lives (a range across blocks copied once, and kept).
 //
+// Reads planned from the order (plan()). The spine knows the reads before they happen: it hands
+// the source the Refs of every batch it plans, and the source hands them here as byte ranges, in
+// step order. The blocks those reads touch are then downloaded in the plan's order,
+// `connections` at a time, as far ahead as the limit allows less the look-ahead's least
+// (lookahead + 1 blocks: the blocks just read, read again soon, and the block a read that finds
+// its own neither held nor in flight downloads), at least `lookahead` blocks: the plan's pins — a
+// block pinned for the plan stays until every planned read of it has read it — whatever the reads'
+// order, a global shuffle's random reads included. While a plan is given the read-following
+// look-ahead above is off (the plan replaces it), and the plan's pins give way to a read that
+// needs room (its own download unpins the one planned last), so the least limit stays the
+// look-ahead's, lookahead + 1 blocks, and no read waits on a pin no read will release. A plan
+// names reads, it never changes one: the bytes read are the same with it or without it
+// (FLOWSTATE_REMOTE_PLAN=0 turns it off), and it is never state — a resumed spine plans from
+// its restored position. stats() counts how the reads found their blocks.
+//
 // The limit must hold the look-ahead and one block more (a straggler, read behind the front):
 // lookahead + 1 of the largest blocks (fewer when the objects have fewer), beside `reserved` bytes
 // the source pins otherwise (an indexed source's .idx copies); less is a ConfigError when the
@@ -42,6 +57,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -93,6 +109,29 @@ BlockSpan blocks_spanned(std::uint64_t offset, std::uint64_t length, std::uint64
 std::uint64_t blocks_needed(const std::vector<std::uint64_t>& sizes, std::uint64_t block,
                             std::size_t lookahead);
 
+/// One read the spine planned: bytes [offset, offset + length) of object `object`.
+struct PlannedRead {
+  std::size_t object = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+/// How a RemoteBlocks' reads found their blocks. A read is counted each time it opens a block
+/// (a thread's reads one after another within one block count once), except the lock-free reads
+/// of a reader that holds every block.
+struct BlockReadStats {
+  std::uint64_t held = 0;             ///< found the block downloaded
+  std::uint64_t in_flight = 0;        ///< waited for a download another thread had started
+  std::uint64_t on_demand = 0;        ///< downloaded the block itself: the read stalled for a GET
+  std::uint64_t fetches = 0;          ///< blocks asked of the cache (blocks found cached count too)
+  std::uint64_t planned_fetches = 0;  ///< of them, taken from the plan by the downloaders
+  std::uint64_t planned_reads = 0;    ///< reads plan() was given
+};
+
+/// FLOWSTATE_REMOTE_PLAN: "0" turns reads planned from the order off (RemoteBlocks::plan does
+/// nothing); unset or "1": on. Throws ConfigError (key FLOWSTATE_REMOTE_PLAN) for anything else.
+bool remote_plan_from_environment();
+
 /// Remote objects read by range through the local cache (see the file comment). Thread-safe.
 class RemoteBlocks {
  public:
@@ -122,6 +161,15 @@ class RemoteBlocks {
 
   /// The reads start over (the spine started an epoch): the next read sets the front.
   void new_pass();
+  /// Whether plan() does anything: FLOWSTATE_REMOTE_PLAN is not 0 and the reader does not hold
+  /// every block (then nothing needs planning). A source asks once, when it is built.
+  bool plans() const { return plan_on_ && !hold_all_; }
+  /// The next reads, in the order they will come (the spine's planned batches): their blocks are
+  /// downloaded in that order ahead of the reads (see the file comment). Reads named and never
+  /// read (a run that stops) hold at most the plan's bytes, which give way to reads.
+  void plan(std::span<const PlannedRead> reads) const;
+  /// How the reads found their blocks so far.
+  BlockReadStats stats() const;
   /// The objects, in order.
   const std::vector<RemoteObject>& objects() const { return objects_; }
   std::uint64_t block_bytes() const { return block_; }
@@ -134,7 +182,9 @@ class RemoteBlocks {
     std::shared_ptr<const MappedFile> map;
     std::uint64_t last_read = 0;  ///< the reader's clock at the block's last read
     bool fetching = false;
-    std::exception_ptr error;  ///< the download failed (rethrown to a read)
+    std::exception_ptr error;   ///< the download failed (rethrown to a read)
+    std::uint32_t planned = 0;  ///< planned reads of the block not read yet
+    bool plan_pin = false;      ///< held (or downloading) for the plan: counted in plan_bytes_
   };
   /// Block `g` (numbered across the objects) as a range of its object.
   std::size_t object_of(std::uint64_t g) const;
@@ -150,8 +200,20 @@ class RemoteBlocks {
   /// The mapped copy of block `g`, held in a slot (downloaded first when not held).
   std::shared_ptr<const MappedFile> open(std::uint64_t g) const;
   /// Under mu_: unpins blocks outside the look-ahead, least recently read first, until `bytes`
-  /// more fit; false when they do not (blocks still downloading hold room).
-  bool make_room(std::uint64_t bytes) const;
+  /// more fit; false when they do not (blocks still downloading hold room). For a read
+  /// (`for_read`), blocks pinned for the plan give way too, after the others.
+  bool make_room(std::uint64_t bytes, bool for_read = false) const;
+  /// Under mu_: a read of block `g` (whose map the reader now holds) was planned: counts it read,
+  /// and drops the block's plan pin after its last planned read.
+  void consume_planned(std::uint64_t g) const;
+  /// Under mu_: the plan's next block to download (claimed: fetching, its bytes counted), pinning
+  /// for the plan the blocks before it that are held or downloading; kNone when the plan's bytes
+  /// are spent or nothing is left to download.
+  std::uint64_t claim_planned() const;
+  /// Under mu_: block `g` no longer held for the plan.
+  void drop_plan_pin(std::uint64_t g, Slot& s) const;
+  /// Appends this reader's stats as a JSON line to FLOWSTATE_REMOTE_STATS, when set.
+  void write_stats() const;
   /// Downloads and maps the claimed block `g` without holding mu_, then publishes it.
   void fetch(std::uint64_t g, std::unique_lock<std::mutex>& lock) const;
   /// With hold_all_, once (the first read; other reads wait for it): pins and maps every block
@@ -192,6 +254,13 @@ class RemoteBlocks {
   mutable bool adopted_ = false;   ///< adopt_cached ran
   /// With populate_: blocks published whose pages the downloaders have not mapped in yet.
   mutable std::vector<std::uint64_t> unpopulated_;
+  mutable BlockReadStats stats_;  ///< (its `fetches` is fetches_)
+  bool plan_on_ = true;           ///< FLOWSTATE_REMOTE_PLAN
+  /// A plan was given: reads consume it, and the read-following look-ahead is off.
+  mutable std::atomic<bool> planning_{false};
+  mutable std::deque<std::uint64_t> plan_;  ///< planned blocks in order (runs of one merged)
+  mutable std::uint64_t plan_bytes_ = 0;    ///< bytes of the blocks pinned for the plan
+  std::uint64_t plan_budget_ = 0;  ///< the limit less lookahead + 1 blocks, at least lookahead
   bool stop_ = false;
   std::vector<std::thread> downloaders_;  ///< min(lookahead, connections) threads
 };

@@ -13,8 +13,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -234,6 +236,147 @@ TEST(RemoteBlocks, AFailedBlockDownloadIsADataErrorNamingTheUrlAndTheRange) {
   for (const auto& e : std::filesystem::directory_iterator(dir / "objects"))
     copies += e.path().extension() == ".obj" ? 1 : 0;
   EXPECT_LE(copies, 2u);  // block 0, and block 1 if the look-ahead found it (it cannot: not seeded)
+}
+
+/// Sets an environment variable for a scope, then removes it (the tests' runs leave it unset).
+class PlanEnv {
+ public:
+  PlanEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~PlanEnv() { ::unsetenv(name_); }
+  PlanEnv(const PlanEnv&) = delete;
+  PlanEnv& operator=(const PlanEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+/// Waits up to 10 s for `done()`.
+template <class F>
+bool eventually(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+/// A planned read of `length` bytes at `offset` of object 0.
+PlannedRead at(std::uint64_t offset, std::uint64_t length = 10) { return {0, offset, length}; }
+
+TEST(RemoteBlocksPlan, ThePlanDownloadsItsBlocksInOrderWithinTheLimitLessOneBlock) {
+  TempDir dir;
+  const RemoteObject o = unreachable("p.bin", 16 * 4096);
+  for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
+  // Room for 3 blocks: a look-ahead of 2 (the plan's pins) and the block a read downloads.
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  ASSERT_TRUE(blocks.plans());
+  // Reads of blocks 10, 3, 5, then one across 5 and 6, then 12: random, as a global shuffle's.
+  const std::vector<PlannedRead> reads{at(10 * 4096 + 7), at(3 * 4096), at(5 * 4096 + 100),
+                                       at(6 * 4096 - 5), at(12 * 4096)};
+  blocks.plan(reads);
+  // The first two blocks of the plan, and no more: the limit less one block is two blocks.
+  ASSERT_TRUE(eventually([&] { return pinned(dir, o, 4096, 10) && pinned(dir, o, 4096, 3); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(pinned(dir, o, 4096, 5));
+  EXPECT_EQ(blocks.stats().planned_fetches, 2u);
+  // Each read finds its blocks downloaded by the plan (waited for here: reads of cached blocks
+  // outrun the downloaders); reading them lets the plan's next block come.
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    const PlannedRead& r = reads[i];
+    const BlockSpan span = blocks_spanned(r.offset, r.length, 4096);
+    ASSERT_TRUE(eventually([&] {
+      return pinned(dir, o, 4096, span.first) && pinned(dir, o, 4096, span.last);
+    })) << "read "
+        << i;
+    const auto got = blocks.read(0, r.offset, r.length);
+    for (std::size_t j = 0; j < got.size(); ++j)
+      ASSERT_EQ(static_cast<char>(got[j]), byte_at(r.offset + j)) << i;
+  }
+  const BlockReadStats s = blocks.stats();
+  EXPECT_EQ(s.planned_reads, 5u);
+  EXPECT_EQ(s.planned_fetches, 5u);  // 10, 3, 5, 6, 12: every block the plan named
+  EXPECT_EQ(s.on_demand, 0u);        // no read downloaded its own block
+  // Blocks opened: 10, 3, 5, 6 (the read across 5 and 6 found 5 still its thread's), 12.
+  EXPECT_EQ(s.held + s.in_flight, 5u);
+  EXPECT_EQ(s.fetches, 5u);
+}
+
+TEST(RemoteBlocksPlan, APlannedBlockStaysPinnedUntilItsLastPlannedRead) {
+  TempDir dir;
+  const RemoteObject o = unreachable("q.bin", 20 * 4096);
+  for (std::uint64_t k = 0; k < 20; ++k) seed_block(dir, o, 4096, k);
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  const std::vector<PlannedRead> plan{at(7 * 4096), at(9 * 4096), at(7 * 4096 + 50)};
+  blocks.plan(plan);
+  ASSERT_TRUE(eventually([&] { return pinned(dir, o, 4096, 7) && pinned(dir, o, 4096, 9); }));
+  blocks.read(0, 7 * 4096, 10);  // the first of block 7's two planned reads
+  blocks.read(0, 9 * 4096, 10);
+  // Reads the plan did not name need room: they unpin what the plan is done with (9) and each
+  // other, never block 7, which a planned read still wants.
+  for (const std::uint64_t k : {12u, 13u, 14u}) {
+    blocks.read(0, k * 4096, 10);
+    EXPECT_TRUE(pinned(dir, o, 4096, 7)) << "after reading block " << k;
+  }
+  EXPECT_FALSE(pinned(dir, o, 4096, 9));
+  blocks.read(0, 7 * 4096 + 50, 10);  // its last planned read: an ordinary block from here on
+  for (const std::uint64_t k : {15u, 16u, 17u}) blocks.read(0, k * 4096, 10);
+  EXPECT_FALSE(pinned(dir, o, 4096, 7));
+  const BlockReadStats s = blocks.stats();
+  EXPECT_EQ(s.on_demand, 6u);  // 12 to 17, which no plan named
+  EXPECT_EQ(s.planned_fetches, 2u);
+}
+
+TEST(RemoteBlocksPlan, APlanNeverKeepsAReadWaitingOnTheLeastLimit) {
+  TempDir dir;
+  const RemoteObject o = unreachable("w.bin", 16 * 4096);
+  for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
+  // The least limit: the look-ahead's 2 blocks and one.
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  // A plan whose reads never come (a run that stops), holding the plan's two blocks.
+  blocks.plan(std::vector<PlannedRead>{at(1 * 4096), at(2 * 4096), at(4 * 4096)});
+  ASSERT_TRUE(eventually([&] { return pinned(dir, o, 4096, 1) && pinned(dir, o, 4096, 2); }));
+  // The front (block 5) is held for a straggler; then a read behind it needs a fourth block:
+  // one of the plan's pins gives way.
+  blocks.read(0, 5 * 4096, 10);
+  auto done = std::async(std::launch::async, [&] {
+    const auto got = blocks.read(0, 3 * 4096 + 1, 100);
+    for (std::size_t j = 0; j < got.size(); ++j)
+      if (static_cast<char>(got[j]) != byte_at(3 * 4096 + 1 + j)) return false;
+    return true;
+  });
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "a read waits";
+  EXPECT_TRUE(done.get());
+  std::size_t held = 0;
+  for (std::uint64_t k = 0; k < 16; ++k) held += pinned(dir, o, 4096, k) ? 1 : 0;
+  EXPECT_LE(held, 3u);
+}
+
+TEST(RemoteBlocksPlan, FlowstateRemotePlanTurnsThePlanOffAndAHeldSourceNeedsNone) {
+  TempDir dir;
+  const RemoteObject o = unreachable("e.bin", 16 * 4096);
+  for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
+  {
+    PlanEnv off("FLOWSTATE_REMOTE_PLAN", "0");
+    RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+    EXPECT_FALSE(blocks.plans());
+    blocks.plan(std::vector<PlannedRead>{at(9 * 4096)});
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(pinned(dir, o, 4096, 9));
+    EXPECT_EQ(blocks.stats().planned_reads, 0u);
+  }
+  {
+    PlanEnv bad("FLOWSTATE_REMOTE_PLAN", "yes");
+    try {
+      RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+      FAIL() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key(), "FLOWSTATE_REMOTE_PLAN");
+    }
+  }
+  // A reader that holds every block downloads them all: nothing to plan.
+  EXPECT_FALSE(
+      RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing()).plans());
 }
 
 }  // namespace
