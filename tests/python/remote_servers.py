@@ -3,6 +3,7 @@ s3rver (the S3-compatible server pinned in tests/support/s3, installed by
 scripts/install-deps.sh with `npm ci`), nginx-light (plain HTTP and HTTPS with a certificate
 made by openssl at test time), and FaultProxy, a TCP proxy written here that cuts, refuses,
 stalls and throttles connections on request. Every wait is bounded."""
+import os
 import shutil
 import socket
 import struct
@@ -15,6 +16,46 @@ REPO = Path(__file__).resolve().parents[2]
 S3RVER = REPO / "tests/support/s3/node_modules/.bin/s3rver"
 S3_KEY = "S3RVER"  # s3rver's built-in credentials; it checks every request's signature
 S3_SECRET = "S3RVER"
+
+
+def dir_bytes(d):
+    """The bytes of the files under `d`, each file once: a download renamed from partial/ to
+    objects/ while the walk runs keeps its inode, and is not counted twice. partial/ is read
+    before objects/: the cache evicts a copy before it reserves the next download's bytes, so
+    a walk in that order never counts an evicted copy beside the download that replaced it."""
+    seen = {}
+    for root, dirs, files in os.walk(d):
+        dirs.sort(reverse=True)  # partial/ before objects/
+        for f in files:
+            try:
+                st = os.stat(os.path.join(root, f))
+            except FileNotFoundError:
+                continue
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
+
+
+class PeakSampler:
+    """The largest size the directory `d` had, sampled every 2 ms while it runs."""
+
+    def __init__(self, d):
+        self.d, self.peak = d, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        while not self.stop.is_set():
+            self.peak = max(self.peak, dir_bytes(self.d))
+            time.sleep(0.002)
+
+    def __enter__(self):
+        os.makedirs(self.d, exist_ok=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
 
 
 def free_port():

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from remote_servers import FaultProxy, Nginx, S3Server, s3_missing_reason
+from remote_servers import FaultProxy, Nginx, S3Server, dir_bytes, s3_missing_reason
 
 RECORD_BYTES = 256
 RECORDS = 8000  # 4 shards of 512 KB
@@ -312,16 +312,6 @@ def test_a_server_restart_mid_download_is_retried(tmp_path, local_data, s3):
     finally:
         proxy.stop()
 
-
-def dir_bytes(d):
-    total = 0
-    for root, _, files in os.walk(d):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(root, f)).st_size
-            except FileNotFoundError:
-                pass
-    return total
 
 
 def test_the_cache_limit_holds_and_a_too_small_limit_is_a_config_error(

@@ -12,12 +12,11 @@ import os
 import signal
 import struct
 import subprocess
-import threading
 import time
 
 import pytest
 
-from remote_servers import FaultProxy, Nginx, S3Server, s3_missing_reason
+from remote_servers import FaultProxy, Nginx, PeakSampler, S3Server, dir_bytes, s3_missing_reason
 
 BLOCK = 64 * 1024
 DOCS = 3000
@@ -82,44 +81,6 @@ def run_digests(tmp, yaml, env, extra=()):
     return digest_lines(out)
 
 
-def dir_bytes(d):
-    """The bytes of the files under `d`, each file once: a download renamed from partial/ to
-    objects/ while the walk runs keeps its inode, and is not counted twice. partial/ is read
-    before objects/: the cache evicts a copy before it reserves the next download's bytes, so
-    a walk in that order never counts an evicted copy beside the download that replaced it."""
-    seen = {}
-    for root, dirs, files in os.walk(d):
-        dirs.sort(reverse=True)  # partial/ before objects/
-        for f in files:
-            try:
-                st = os.stat(os.path.join(root, f))
-            except FileNotFoundError:
-                continue
-            seen[(st.st_dev, st.st_ino)] = st.st_size
-    return sum(seen.values())
-
-
-class PeakSampler:
-    """The largest size the directory `d` had, sampled every 2 ms while it runs."""
-
-    def __init__(self, d):
-        self.d, self.peak = d, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, dir_bytes(self.d))
-            time.sleep(0.002)
-
-    def __enter__(self):
-        os.makedirs(self.d, exist_ok=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
 
 
 def documents_across_blocks(idx_path):

@@ -10,12 +10,11 @@ Each test starts and stops its own servers; every wait is bounded."""
 import os
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
 
-from remote_servers import FaultProxy, Nginx, S3Server, s3_missing_reason
+from remote_servers import FaultProxy, Nginx, PeakSampler, S3Server, dir_bytes, s3_missing_reason
 
 SHARDS = 10
 SAMPLES = 10000  # 1000 a shard, about 2 MB a shard
@@ -89,37 +88,6 @@ def run_digests(tmp, yaml, env, extra=("--epochs", "2")):
     return digest_lines(out)
 
 
-def dir_bytes(d):
-    total = 0
-    for root, _, files in os.walk(d):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(root, f)).st_size
-            except FileNotFoundError:
-                pass
-    return total
-
-
-class PeakSampler:
-    """The largest size the directory `d` had, sampled every 2 ms while it runs."""
-
-    def __init__(self, d):
-        self.d, self.peak = d, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, dir_bytes(self.d))
-            time.sleep(0.002)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
 
 
 def gets(requests):

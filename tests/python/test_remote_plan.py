@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from remote_servers import FaultProxy, S3Server, s3_missing_reason
+from remote_servers import FaultProxy, PeakSampler, S3Server, s3_missing_reason
 from test_remote_blocks import (BLOCK, DOCS, RECORD_BYTES, RECORDS_PER_SHARD, SHARDS,
-                                PeakSampler, cache_env, clean_env, cli_path, digest_lines,
+                                cache_env, clean_env, cli_path, digest_lines,
                                 indexed_limit, indexed_pipeline, records_pipeline, run,
                                 run_digests)
 

@@ -10,12 +10,11 @@ exceed the limit, as here, reads them through nodes/sources/remote_blocks.h — 
 import os
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
 
-from remote_servers import FaultProxy, S3Server, s3_missing_reason
+from remote_servers import FaultProxy, PeakSampler, S3Server, s3_missing_reason
 
 RECORD_BYTES = 256
 SHARDS = 10
@@ -73,37 +72,6 @@ def digest_lines(path):
     return out
 
 
-def dir_bytes(d):
-    total = 0
-    for root, _, files in os.walk(d):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(root, f)).st_size
-            except FileNotFoundError:
-                pass
-    return total
-
-
-class PeakSampler:
-    """The largest size the directory `d` had, sampled every 2 ms while it runs."""
-
-    def __init__(self, d):
-        self.d, self.peak = d, 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self):
-        while not self.stop.is_set():
-            self.peak = max(self.peak, dir_bytes(self.d))
-            time.sleep(0.002)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
 
 
 @pytest.fixture(scope="module")
