@@ -269,6 +269,13 @@ TEST(IndexedSource, ChecksAndReadsAnIndexOfAHugePageOrMoreFromItsCopy) {
 // process holding a Loader) and destroying its copy of the source does not wait for a thread
 // that exists only in the parent.
 TEST(IndexedSource, AForkedChildDestroysItsCopyWithoutWaitingForTheParentsThread) {
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer carries the parent's threads' history into a forked child: the child's
+  // free of the mapping the parent's populate thread was reading at the fork is reported as a
+  // race with a thread the child does not have (seen 3 times in 30 runs under load). The dev
+  // and ASan builds test this.
+  GTEST_SKIP() << "a forked child of a multi-threaded process under ThreadSanitizer";
+#endif
   TempDir dir;
   const std::int32_t lengths[] = {32 << 20};  // 64 MiB: the thread runs for a while
   testing::write_file(dir / "f.bin", std::string(std::size_t{64} << 20, '\x02'));
