@@ -11,41 +11,16 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-from remote_servers import FaultProxy, PeakSampler, S3Server, s3_missing_reason
+from remote_servers import FaultProxy, PeakSampler
 from test_remote_blocks import (BLOCK, DOCS, RECORD_BYTES, RECORDS_PER_SHARD, SHARDS,
                                 cache_env, clean_env, cli_path, digest_lines,
                                 indexed_limit, indexed_pipeline, records_pipeline, run,
                                 run_digests)
+# The data and the server, as test_remote_blocks.py makes them (pytest finds imported fixtures).
+from test_remote_blocks import data, s3  # noqa: F401
 
 RECORD_BLOCK = 16 * 1024  # 4 records a block, 16 blocks a shard: 128 blocks in all
 RATE = 1_000_000  # bytes/s per connection through the proxy: a 16 KiB block takes ~16 ms
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("plan-data")
-    (d / "ix").mkdir()
-    run(["gen", "indexed", "--out", str(d / "ix/corpus"), "--docs", str(DOCS)])
-    run(["gen", "records", "--out", str(d / "records"), "--records",
-         str(SHARDS * RECORDS_PER_SHARD), "--record-bytes", str(RECORD_BYTES), "--shards",
-         str(SHARDS)])
-    return d
-
-
-@pytest.fixture
-def s3(tmp_path, data):
-    reason = s3_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    server = S3Server(tmp_path / "s3").start()
-    try:
-        server.upload_dir(data / "ix", "ix", "corpus.*")
-        server.upload_dir(data / "records", "rec", "part-*.bin")
-        yield server
-    finally:
-        server.stop()
 
 
 def read_stats(path):
