@@ -1,3 +1,6 @@
+// RemoteBlocks in one file (over 600 lines): the look-ahead, the plan, the hold-all mode and
+// the downloaders share one mutex and one slot table (remote_blocks.h); split, each part would
+// need that lock's invariants spelled out again.
 #include "flowstate/nodes/sources/remote_blocks.h"
 
 #include <sys/mman.h>
