@@ -3,8 +3,10 @@
 batch 256, `flowstate run`) or, with --workload w2, W2 (`indexed` -> global shuffle -> pack
 2048 -> batch 8, bench/w2_compare.sh's pipeline; the .idx fetched whole, the .bin read by
 range) on local files, on s3rver with a warm cache, cold from s3rver
-directly, and cold behind the fault proxy capped at --cap-mbs (the cap split evenly over
-the 8 connections both clients use), against a boto3 baseline — 8 threads of ranged GETs
+directly, and cold behind the fault proxy capped at --cap-mbs (by default for all its
+connections together, as a link of that bandwidth; --cap-per-connection splits it evenly
+over the 8 connections both clients use, which also caps a connection waiting between two
+requests), against a boto3 baseline — 8 threads of ranged GETs
 (8 MiB parts) of the same objects into memory, as a competent boto3 user writes it — on the
 same two paths (direct: s3rver's own ceiling; proxy: the proxy's). Requests per run (list
 pages, GETs) come from the proxy's log. Servers are tests/python/remote_servers.py's.
@@ -90,6 +92,8 @@ def main():
     ap.add_argument("--mib", type=int, default=256, help="data size in MiB")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cap-mbs", type=float, default=200.0, help="the proxy's cap, MB/s")
+    ap.add_argument("--cap-per-connection", action="store_true",
+                    help="split the cap over the 8 connections (each capped at cap / 8)")
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one)")
     ap.add_argument("--workload", choices=["w1", "w2"], default="w1")
     ap.add_argument("--docs", type=int, default=200000, help="W2's documents (w2_compare.sh's)")
@@ -111,7 +115,10 @@ def main():
                             "--record-bytes", str(RECORD_BYTES), "--shards", str(SHARDS)], {})
     total = sum(f.stat().st_size for f in data.glob(glob))
     s3 = S3Server(work / "s3").start()
-    proxy = FaultProxy(s3.port, rate=a.cap_mbs * 1e6 / CONNECTIONS).start()
+    if a.cap_per_connection:
+        proxy = FaultProxy(s3.port, rate=a.cap_mbs * 1e6 / CONNECTIONS).start()
+    else:
+        proxy = FaultProxy(s3.port, total_rate=a.cap_mbs * 1e6).start()
     try:
         keys = s3.upload_dir(data, prefix, glob)
         sizes = [(k, (data / Path(k).name).stat().st_size) for k in keys]

@@ -234,15 +234,22 @@ class FaultProxy:
       ("close", 0)   close the connection at once, before any answer
       ("pass", 0)    no fault
 
-    `rate` caps the bytes per second sent to the client, per connection. `always` is a fault
+    `rate` caps the bytes per second sent to the client, per connection; `total_rate` caps the
+    bytes per second of all connections together, as a link of that bandwidth would (a
+    connection between two requests leaves its share to the others). `always` is a fault
     applied to every connection once `faults` is empty (None: pass through). Request lines seen
     are kept in `requests`, their arrival times in `times`; `bytes` counts the bytes of the
     answers passed to the clients (headers included)."""
 
-    def __init__(self, upstream_port, faults=(), rate=None, always=None):
+    LINK_BURST_S = 0.005
+    LINK_SLACK_S = 0.002
+
+    def __init__(self, upstream_port, faults=(), rate=None, always=None, total_rate=None):
         self.upstream_port = upstream_port
         self.faults = list(faults)
         self.rate = rate
+        self.total_rate = total_rate
+        self.link_free = 0.0  # with total_rate: when the link has sent what it was given
         self.always = always
         self.requests = []
         self.times = []  # when each request of `requests` arrived (time.monotonic())
@@ -344,6 +351,18 @@ class FaultProxy:
                 if self.rate:
                     ahead = sent / self.rate - (time.monotonic() - start)
                     if ahead > 0:
+                        time.sleep(ahead)
+                if self.total_rate:
+                    # The link's clock (a token bucket): each chunk takes len / total_rate of
+                    # it, after what every connection sent before; an idle link saves at most
+                    # LINK_BURST_S of credit, and a connection sleeps only once it is more than
+                    # LINK_SLACK_S ahead (a sleep per chunk would cost more than it paces).
+                    with self.lock:
+                        now = time.monotonic()
+                        self.link_free = (max(self.link_free, now - self.LINK_BURST_S) +
+                                          len(chunk) / self.total_rate)
+                        ahead = self.link_free - now
+                    if ahead > self.LINK_SLACK_S:
                         time.sleep(ahead)
             client.close()
         except OSError:
