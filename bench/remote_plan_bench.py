@@ -2,9 +2,9 @@
 """Issue 23's reads planned from the order, interleaved: bench/remote_bench.py's W1-shaped run
 (`records` -> global shuffle -> batch 256) or, with --workload w2, W2 (`indexed` -> global
 shuffle -> pack 2048 -> batch 8), cold from s3rver behind the fault proxy capped at --cap-mbs
-(split over the 8 connections), on a cache whose limit is --fraction of the data (a quarter by
+(for all connections together), on a cache whose limit is --fraction of the data (a quarter by
 default: a global shuffle then reads by range, a block per miss), with the plan
-(FLOWSTATE_REMOTE_PLAN=1, the default) and without it (0), round after round. Reports per run
+(FLOWSTATE_REMOTE_PLAN=1) and without it (0, the default), round after round. Reports per run
 the wall time, the data's bytes over it, the GETs (proxy log) and the readers' counts
 (FLOWSTATE_REMOTE_STATS: reads that found their block held, in flight, or downloaded it on
 demand), then the medians and the ratio. The digests of both are checked against the local
@@ -66,7 +66,7 @@ def main():
     idx = sum(f.stat().st_size for f in data.glob("*.idx"))
     limit = idx + int((total - idx) * a.fraction)
     s3 = S3Server(work / "s3").start()
-    proxy = FaultProxy(s3.port, rate=a.cap_mbs * 1e6 / CONNECTIONS).start()
+    proxy = FaultProxy(s3.port, total_rate=a.cap_mbs * 1e6).start()
     try:
         s3.upload_dir(data, prefix, glob)
 

@@ -62,8 +62,12 @@ std::uint64_t block_bytes_from_environment() {
 
 bool remote_plan_from_environment() {
   const char* v = std::getenv("FLOWSTATE_REMOTE_PLAN");
-  if (v == nullptr || *v == '\0' || std::string_view(v) == "1") return true;
-  if (std::string_view(v) == "0") return false;
+  // Off unless asked for: behind a link shared by the connections, a plan over a cache smaller
+  // than the data downloads blocks that a read's room evicts before their planned read, and
+  // loses more bandwidth than it saves stalls (bench/RESULTS.md, "reads planned from the
+  // order, behind a shared link").
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "0") return false;
+  if (std::string_view(v) == "1") return true;
   throw ConfigError("FLOWSTATE_REMOTE_PLAN",
                     "'" + std::string(v) + "' is not 0 (reads not planned) or 1 (planned)");
 }

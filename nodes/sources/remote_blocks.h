@@ -35,8 +35,8 @@
 // needs room (its own download unpins the one planned last), so the least limit stays the
 // look-ahead's, lookahead + 1 blocks, and no read waits on a pin no read will release. A plan
 // names reads, it never changes one: the bytes read are the same with it or without it
-// (FLOWSTATE_REMOTE_PLAN=0 turns it off), and it is never state — a resumed spine plans from
-// its restored position. stats() counts how the reads found their blocks.
+// (FLOWSTATE_REMOTE_PLAN=1 turns it on; off by default), and it is never state — a resumed spine
+// plans from its restored position. stats() counts how the reads found their blocks.
 //
 // The limit must hold the look-ahead and one block more (a straggler, read behind the front):
 // lookahead + 1 of the largest blocks (fewer when the objects have fewer), beside `reserved` bytes
@@ -128,8 +128,9 @@ struct BlockReadStats {
   std::uint64_t planned_reads = 0;    ///< reads plan() was given
 };
 
-/// FLOWSTATE_REMOTE_PLAN: "0" turns reads planned from the order off (RemoteBlocks::plan does
-/// nothing); unset or "1": on. Throws ConfigError (key FLOWSTATE_REMOTE_PLAN) for anything else.
+/// FLOWSTATE_REMOTE_PLAN: "1" turns reads planned from the order on; unset or "0": off
+/// (RemoteBlocks::plan does nothing). Throws ConfigError (key FLOWSTATE_REMOTE_PLAN) for anything
+/// else.
 bool remote_plan_from_environment();
 
 /// Remote objects read by range through the local cache (see the file comment). Thread-safe.
@@ -161,7 +162,7 @@ class RemoteBlocks {
 
   /// The reads start over (the spine started an epoch): the next read sets the front.
   void new_pass();
-  /// Whether plan() does anything: FLOWSTATE_REMOTE_PLAN is not 0 and the reader does not hold
+  /// Whether plan() does anything: FLOWSTATE_REMOTE_PLAN is 1 and the reader does not hold
   /// every block (then nothing needs planning). A source asks once, when it is built.
   bool plans() const { return plan_on_ && !hold_all_; }
   /// The next reads, in the order they will come (the spine's planned batches): their blocks are
@@ -255,7 +256,7 @@ class RemoteBlocks {
   /// With populate_: blocks published whose pages the downloaders have not mapped in yet.
   mutable std::vector<std::uint64_t> unpopulated_;
   mutable BlockReadStats stats_;  ///< (its `fetches` is fetches_)
-  bool plan_on_ = true;           ///< FLOWSTATE_REMOTE_PLAN
+  bool plan_on_ = false;          ///< FLOWSTATE_REMOTE_PLAN=1
   /// A plan was given: reads consume it, and the read-following look-ahead is off.
   mutable std::atomic<bool> planning_{false};
   mutable std::deque<std::uint64_t> plan_;  ///< planned blocks in order (runs of one merged)

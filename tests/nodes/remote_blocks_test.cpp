@@ -266,6 +266,7 @@ PlannedRead at(std::uint64_t offset, std::uint64_t length = 10) { return {0, off
 
 TEST(RemoteBlocksPlan, ThePlanDownloadsItsBlocksInOrderWithinTheLimitLessOneBlock) {
   TempDir dir;
+  PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");  // off by default
   const RemoteObject o = unreachable("p.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
   // Room for 3 blocks: a look-ahead of 2 (the plan's pins) and the block a read downloads.
@@ -304,6 +305,7 @@ TEST(RemoteBlocksPlan, ThePlanDownloadsItsBlocksInOrderWithinTheLimitLessOneBloc
 
 TEST(RemoteBlocksPlan, APlannedBlockStaysPinnedUntilItsLastPlannedRead) {
   TempDir dir;
+  PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");  // off by default
   const RemoteObject o = unreachable("q.bin", 20 * 4096);
   for (std::uint64_t k = 0; k < 20; ++k) seed_block(dir, o, 4096, k);
   RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
@@ -329,6 +331,7 @@ TEST(RemoteBlocksPlan, APlannedBlockStaysPinnedUntilItsLastPlannedRead) {
 
 TEST(RemoteBlocksPlan, APlanNeverKeepsAReadWaitingOnTheLeastLimit) {
   TempDir dir;
+  PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");  // off by default
   const RemoteObject o = unreachable("w.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
   // The least limit: the look-ahead's 2 blocks and one.
@@ -352,10 +355,19 @@ TEST(RemoteBlocksPlan, APlanNeverKeepsAReadWaitingOnTheLeastLimit) {
   EXPECT_LE(held, 3u);
 }
 
-TEST(RemoteBlocksPlan, FlowstateRemotePlanTurnsThePlanOffAndAHeldSourceNeedsNone) {
+TEST(RemoteBlocksPlan, ThePlanIsOffUnlessFlowstateRemotePlanIs1AndAHeldSourceNeedsNone) {
   TempDir dir;
   const RemoteObject o = unreachable("e.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
+  // Off by default: FLOWSTATE_REMOTE_PLAN unset (PlanEnv leaves it unset).
+  ::unsetenv("FLOWSTATE_REMOTE_PLAN");
+  EXPECT_FALSE(
+      RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing()).plans());
+  {
+    PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");
+    EXPECT_TRUE(
+        RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing()).plans());
+  }
   {
     PlanEnv off("FLOWSTATE_REMOTE_PLAN", "0");
     RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());

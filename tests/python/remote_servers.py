@@ -5,6 +5,7 @@ made by openssl at test time), and FaultProxy, a TCP proxy written here that cut
 stalls and throttles connections on request. Every wait is bounded."""
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -373,3 +374,66 @@ class FaultProxy:
         finally:
             if upstream is not None:
                 upstream.close()
+
+
+# --- Running the flowstate command from the remote tests --------------------------------------
+
+# Cleared from the environment of every run: the tests say what they want.
+_CLEARED = ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "FLOWSTATE_CACHE_LIMIT",
+            "FLOWSTATE_CACHE_DIR", "FLOWSTATE_LISTING_MAX_AGE", "FLOWSTATE_REMOTE_BLOCK")
+
+
+def cli_path():
+    """The flowstate command (FLOWSTATE_CLI); the test is skipped without it."""
+    path = os.environ.get("FLOWSTATE_CLI")
+    if not path or not os.path.exists(path):
+        import pytest  # only the tests need it (bench/ imports this module too)
+        pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
+    return path
+
+
+def clean_env(more):
+    """This process's environment without _CLEARED, with `more` (values made strings)."""
+    e = os.environ.copy()
+    for k in _CLEARED:
+        e.pop(k, None)
+    e.update({k: str(v) for k, v in more.items()})
+    return e
+
+
+def run(args, env=None, check=True, timeout=120):
+    """Runs `flowstate ARGS` in clean_env(env); raises with its output unless it exits 0."""
+    r = subprocess.run([cli_path(), *args], capture_output=True, text=True,
+                       env=clean_env(env or {}), timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"exit {r.returncode}: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def digest_lines(path):
+    """step -> the line's digest; a step written twice (a resume redoes the steps after its
+    checkpoint) must have the same digest both times."""
+    out = {}
+    for line in path.read_text().splitlines():
+        step, rest = line.split(" ", 1)
+        assert out.setdefault(int(step), rest) == rest, f"step {step} differs when redone"
+    return out
+
+
+def sigkill_after_checkpoint(yaml, env, ck, out, every, at, steps, extra=("--epochs", "2")):
+    """Runs YAML with checkpoints every `every` steps into `ck` and digests into `out`, SIGKILLs
+    it once a checkpoint of step >= `at` exists (within 90 s), and checks it was killed mid-run:
+    its digests reach `at` and stop before `steps`."""
+    p = subprocess.Popen([cli_path(), "run", str(yaml), *extra, "--digests", str(out),
+                          "--checkpoint-dir", str(ck), "--checkpoint-every", str(every)],
+                         env=clean_env(env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    end = time.monotonic() + 90
+    while time.monotonic() < end and p.poll() is None and not any(
+            int(d.name[5:]) >= at for d in ck.glob("step-*") if d.name[5:].isdigit()):
+        time.sleep(0.01)
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    done = digest_lines(out)
+    assert at <= max(done) < steps, (at, max(done), steps)

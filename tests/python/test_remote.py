@@ -12,30 +12,11 @@ import time
 
 import pytest
 
-from remote_servers import FaultProxy, Nginx, S3Server, dir_bytes, s3_missing_reason
+from remote_servers import FaultProxy, Nginx, S3Server, cli_path, dir_bytes, run, s3_missing_reason
 
 RECORD_BYTES = 256
 RECORDS = 8000  # 4 shards of 512 KB
 SHARDS = 4
-
-
-def cli_path():
-    path = os.environ.get("FLOWSTATE_CLI")
-    if not path or not os.path.exists(path):
-        pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
-    return path
-
-
-def run(args, env=None, timeout=120, check=True):
-    e = os.environ.copy()
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        e.pop(k, None)
-    e.update(env or {})
-    r = subprocess.run([cli_path(), *args], capture_output=True, text=True, env=e,
-                       timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
-    return r
 
 
 def pipeline(path, source, seed=11):

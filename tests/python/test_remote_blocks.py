@@ -8,45 +8,19 @@ ranged GETs, and through a SIGKILL mid-epoch and a resume; over HTTPS from nginx
 globally shuffled `records` source on a cache of a quarter of its data reads blocks, far fewer
 bytes than downloading an object per miss; a limit below the look-ahead is a configuration
 error at build time. Each test starts and stops its own servers; every wait is bounded."""
-import os
-import signal
 import struct
-import subprocess
 import time
 
 import pytest
 
-from remote_servers import FaultProxy, Nginx, PeakSampler, S3Server, dir_bytes, s3_missing_reason
+from remote_servers import (FaultProxy, Nginx, PeakSampler, S3Server, digest_lines, run,
+                           s3_missing_reason, sigkill_after_checkpoint)
 
 BLOCK = 64 * 1024
 DOCS = 3000
 RECORD_BYTES = 4096
 SHARDS = 8
 RECORDS_PER_SHARD = 64  # 256 KiB shards, 2 MiB in all
-
-
-def cli_path():
-    path = os.environ.get("FLOWSTATE_CLI")
-    if not path or not os.path.exists(path):
-        pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
-    return path
-
-
-def clean_env(more):
-    e = os.environ.copy()
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN",
-              "FLOWSTATE_CACHE_LIMIT", "FLOWSTATE_REMOTE_BLOCK"):
-        e.pop(k, None)
-    e.update({k: str(v) for k, v in more.items()})
-    return e
-
-
-def run(args, env=None, check=True, timeout=120):
-    r = subprocess.run([cli_path(), *args], capture_output=True, text=True,
-                       env=clean_env(env or {}), timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
-    return r
 
 
 def indexed_pipeline(path, paths, lookahead=None):
@@ -63,16 +37,6 @@ def records_pipeline(path, paths):
         f"seed: 3\nsource: {{type: records, paths: \"{paths}\", record_bytes: {RECORD_BYTES}}}\n"
         "nodes:\n  - shuffle: {mode: global}\n  - batch: {size: 16}\n")
     return path
-
-
-def digest_lines(path):
-    """step -> the line's digest; a step written twice (a resume redoes the steps after its
-    checkpoint) must have the same digest both times."""
-    out = {}
-    for line in path.read_text().splitlines():
-        step, rest = line.split(" ", 1)
-        assert out.setdefault(int(step), rest) == rest, f"step {step} differs when redone"
-    return out
 
 
 def run_digests(tmp, yaml, env, extra=()):
@@ -219,21 +183,9 @@ def test_sigkill_mid_epoch_then_resume_is_the_uninterrupted_run(tmp_path, data, 
     steps = max(want)
     proxy = FaultProxy(s3.port, rate=2_000_000).start()  # 2 MB/s: each block about 33 ms
     try:
-        env = clean_env({**s3.env(proxy.url), **cache_env(tmp_path, limit)})
-        p = subprocess.Popen([cli_path(), "run", str(yaml), "--epochs", "2", "--digests",
-                              str(out), "--checkpoint-dir", str(ck), "--checkpoint-every",
-                              "10"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
         at = steps // 4
-        end = time.monotonic() + 90
-        while time.monotonic() < end and p.poll() is None and not any(
-                int(d.name[5:]) >= at for d in ck.glob("step-*") if d.name[5:].isdigit()):
-            time.sleep(0.01)
-        assert p.poll() is None, p.stderr.read()
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=10)
-        done = digest_lines(out)
-        assert at <= max(done) < steps, (at, max(done), steps)
+        env = {**s3.env(proxy.url), **cache_env(tmp_path, limit)}
+        sigkill_after_checkpoint(yaml, env, ck, out, 10, at, steps)
     finally:
         proxy.stop()
     with PeakSampler(tmp_path / "cache") as sampler:

@@ -7,42 +7,17 @@ reading the shards again to count them; the `https://host/shard-{00000..00009}.t
 through nginx does the same; a `lines` source likewise; a limit below the window is a
 configuration error at build time naming the sizes; two sources over one small cache finish.
 Each test starts and stops its own servers; every wait is bounded."""
-import os
-import signal
-import subprocess
 import time
 
 import pytest
 
-from remote_servers import FaultProxy, Nginx, PeakSampler, S3Server, dir_bytes, s3_missing_reason
+from remote_servers import (FaultProxy, Nginx, PeakSampler, S3Server, digest_lines, run,
+                           s3_missing_reason, sigkill_after_checkpoint)
 
 SHARDS = 10
 SAMPLES = 10000  # 1000 a shard, about 2 MB a shard
 DOCS = 5000  # lines: 500 a shard
 LOOKAHEAD = 2
-
-
-def cli_path():
-    path = os.environ.get("FLOWSTATE_CLI")
-    if not path or not os.path.exists(path):
-        pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
-    return path
-
-
-def clean_env(more):
-    e = os.environ.copy()
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        e.pop(k, None)
-    e.update(more)
-    return e
-
-
-def run(args, env=None, check=True, timeout=120):
-    r = subprocess.run([cli_path(), *args], capture_output=True, text=True,
-                       env=clean_env(env or {}), timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
-    return r
 
 
 def tar_source(paths, lookahead=LOOKAHEAD):
@@ -70,16 +45,6 @@ def limit_of(files, n=LOOKAHEAD + 1):
 def cache_env(tmp, limit):
     return {"FLOWSTATE_CACHE_DIR": str(tmp / "cache"), "FLOWSTATE_CACHE_LIMIT": str(limit),
             "FLOWSTATE_REMOTE_BACKOFF": "0.02"}
-
-
-def digest_lines(path):
-    """step -> the line's digest; a step written twice (a resume redoes the steps after its
-    checkpoint) must have the same digest both times."""
-    out = {}
-    for line in path.read_text().splitlines():
-        step, rest = line.split(" ", 1)
-        assert out.setdefault(int(step), rest) == rest, f"step {step} differs when redone"
-    return out
 
 
 def run_digests(tmp, yaml, env, extra=("--epochs", "2")):
@@ -167,21 +132,9 @@ def test_sigkill_mid_epoch_with_a_small_cache_resumes_to_the_uninterrupted_diges
     out = tmp_path / "killed.txt"
     proxy = FaultProxy(s3.port, rate=4_000_000).start()  # 4 MB/s: about 0.5 s a shard
     try:
-        env = clean_env({**s3.env(proxy.url), **cache_env(tmp_path, limit)})
-        p = subprocess.Popen([cli_path(), "run", str(yaml), "--epochs", "2", "--digests",
-                              str(out), "--checkpoint-dir", str(ck), "--checkpoint-every",
-                              "20"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
         # Mid-epoch 1 (200 steps an epoch): after the checkpoint of step 100.
-        end = time.monotonic() + 90
-        while time.monotonic() < end and p.poll() is None and not any(
-                int(d.name[5:]) >= 100 for d in ck.glob("step-*") if d.name[5:].isdigit()):
-            time.sleep(0.01)
-        assert p.poll() is None, p.stderr.read()
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=10)
-        done = digest_lines(out)
-        assert 100 <= max(done) < 200, sorted(done)[-3:]
+        env = {**s3.env(proxy.url), **cache_env(tmp_path, limit)}
+        sigkill_after_checkpoint(yaml, env, ck, out, 20, 100, 200)
     finally:
         proxy.stop()
     # The resume on the same small cache, a partial download and all, through an unthrottled

@@ -1,21 +1,17 @@
 """Reads planned from the order (issue 23, nodes/read_plan.h, RemoteBlocks::plan) against
 s3rver behind the fault proxy (tests/python/remote_servers.py): a globally shuffled `records`
 source, and an `indexed` source through a global shuffle and pack, on a cache of a quarter of
-their data, give the local digests with the plan and without it (FLOWSTATE_REMOTE_PLAN=0), the
+their data, give the local digests with the plan (FLOWSTATE_REMOTE_PLAN=1) and without it, the
 cache directory's sampled peak within the limit — and with the plan most reads find their block
 downloaded or in flight instead of downloading it themselves (the readers' counts, written by
 FLOWSTATE_REMOTE_STATS). Through a SIGKILL mid-epoch and a resume the planned run gives the
 uninterrupted digests. Each test starts and stops its own servers; every wait is bounded."""
 import json
-import signal
-import subprocess
-import time
 
-from remote_servers import FaultProxy, PeakSampler
-from test_remote_blocks import (BLOCK, DOCS, RECORD_BYTES, RECORDS_PER_SHARD, SHARDS,
-                                cache_env, clean_env, cli_path, digest_lines,
-                                indexed_limit, indexed_pipeline, records_pipeline, run,
-                                run_digests)
+from remote_servers import (FaultProxy, PeakSampler, digest_lines, run,
+                            sigkill_after_checkpoint)
+from test_remote_blocks import (DOCS, RECORD_BYTES, RECORDS_PER_SHARD, SHARDS, cache_env,
+                                indexed_limit, indexed_pipeline, records_pipeline, run_digests)
 # The data and the server, as test_remote_blocks.py makes them (pytest finds imported fixtures).
 from test_remote_blocks import data, s3  # noqa: F401
 
@@ -116,22 +112,10 @@ def test_sigkill_mid_epoch_then_resume_with_the_plan_is_the_uninterrupted_run(
     steps = max(want)
     proxy = FaultProxy(s3.port, rate=RATE // 4).start()  # slow: the kill lands mid-epoch
     try:
-        env = clean_env({**s3.env(proxy.url), **cache_env(tmp_path, limit),
-                         "FLOWSTATE_REMOTE_BLOCK": RECORD_BLOCK})
-        p = subprocess.Popen([cli_path(), "run", str(yaml), "--epochs", "2", "--digests",
-                              str(out), "--checkpoint-dir", str(ck), "--checkpoint-every",
-                              "5"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
         at = steps // 3
-        end = time.monotonic() + 90
-        while time.monotonic() < end and p.poll() is None and not any(
-                int(d.name[5:]) >= at for d in ck.glob("step-*") if d.name[5:].isdigit()):
-            time.sleep(0.01)
-        assert p.poll() is None, p.stderr.read()
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=10)
-        done = digest_lines(out)
-        assert at <= max(done) < steps, (at, max(done), steps)
+        env = {**s3.env(proxy.url), **cache_env(tmp_path, limit),
+               "FLOWSTATE_REMOTE_BLOCK": RECORD_BLOCK, "FLOWSTATE_REMOTE_PLAN": "1"}
+        sigkill_after_checkpoint(yaml, env, ck, out, 5, at, steps)
     finally:
         proxy.stop()
     stats = tmp_path / "stats.jsonl"
@@ -139,7 +123,7 @@ def test_sigkill_mid_epoch_then_resume_with_the_plan_is_the_uninterrupted_run(
         run(["run", str(yaml), "--epochs", "2", "--resume", "--checkpoint-dir", str(ck),
              "--digests", str(out)],
             env={**s3.env(), **cache_env(tmp_path, limit), "FLOWSTATE_REMOTE_BLOCK": RECORD_BLOCK,
-                 "FLOWSTATE_REMOTE_STATS": stats})
+                 "FLOWSTATE_REMOTE_PLAN": "1", "FLOWSTATE_REMOTE_STATS": stats})
     assert digest_lines(out) == want
     assert sampler.peak <= limit
     # The resumed run planned from the restored position: its reads, not the epoch's.

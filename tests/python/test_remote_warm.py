@@ -14,32 +14,12 @@ import time
 
 import pytest
 
-from remote_servers import S3_SECRET, FaultProxy, S3Server, s3_missing_reason
+from remote_servers import FaultProxy, S3Server, S3_SECRET, run, s3_missing_reason
 
 RECORD_BYTES = 4096
 SHARDS = 4
 RECORDS_PER_SHARD = 64
 DOCS = 1000
-
-
-def cli_path():
-    path = os.environ.get("FLOWSTATE_CLI")
-    if not path or not os.path.exists(path):
-        pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
-    return path
-
-
-def run(args, env=None, check=True):
-    import subprocess
-    e = os.environ.copy()
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "FLOWSTATE_CACHE_LIMIT",
-              "FLOWSTATE_CACHE_DIR", "FLOWSTATE_LISTING_MAX_AGE", "FLOWSTATE_REMOTE_BLOCK"):
-        e.pop(k, None)
-    e.update({k: str(v) for k, v in (env or {}).items()})
-    r = subprocess.run([cli_path(), *args], capture_output=True, text=True, env=e, timeout=120)
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
-    return r
 
 
 def records_yaml(path, paths, extra=""):

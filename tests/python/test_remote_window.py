@@ -7,43 +7,18 @@ time; an error about a record of a cached copy names the URL. Each test starts a
 its own servers; every wait is bounded. (Since range reads, a `records` source whose objects
 exceed the limit, as here, reads them through nodes/sources/remote_blocks.h — with the default
 4 MiB block each shard is one block — under the same front, look-ahead and straggler rules.)"""
-import os
-import signal
-import subprocess
 import time
 
 import pytest
 
-from remote_servers import FaultProxy, PeakSampler, S3Server, s3_missing_reason
+from remote_servers import (FaultProxy, PeakSampler, S3Server, digest_lines, run, s3_missing_reason,
+                           sigkill_after_checkpoint)
 
 RECORD_BYTES = 256
 SHARDS = 10
 RECORDS = 10 * 1000  # 10 shards of 256 000 bytes
 SHARD = RECORDS // SHARDS * RECORD_BYTES
 LIMIT = 3 * SHARD  # the look-ahead (2 files) and one more
-
-
-def cli_path():
-    path = os.environ.get("FLOWSTATE_CLI")
-    if not path or not os.path.exists(path):
-        pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
-    return path
-
-
-def clean_env(more):
-    e = os.environ.copy()
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        e.pop(k, None)
-    e.update(more)
-    return e
-
-
-def run(args, env=None, check=True, timeout=120):
-    r = subprocess.run([cli_path(), *args], capture_output=True, text=True,
-                       env=clean_env(env or {}), timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}: {' '.join(args)}\n{r.stdout}\n{r.stderr}")
-    return r
 
 
 def pipeline(path, paths, lookahead=2):
@@ -60,18 +35,6 @@ def pipeline(path, paths, lookahead=2):
 def cache_env(tmp, limit=LIMIT):
     return {"FLOWSTATE_CACHE_DIR": str(tmp / "cache"), "FLOWSTATE_CACHE_LIMIT": str(limit),
             "FLOWSTATE_REMOTE_BACKOFF": "0.02"}
-
-
-def digest_lines(path):
-    """step -> the line's digest; a step written twice (a resume redoes the steps after its
-    checkpoint) must have the same digest both times."""
-    out = {}
-    for line in path.read_text().splitlines():
-        step, rest = line.split(" ", 1)
-        assert out.setdefault(int(step), rest) == rest, f"step {step} differs when redone"
-    return out
-
-
 
 
 @pytest.fixture(scope="module")
@@ -134,21 +97,9 @@ def test_sigkill_mid_epoch_with_a_small_cache_resumes_to_the_uninterrupted_diges
     out = tmp_path / "killed.txt"
     proxy = FaultProxy(s3.port, rate=1_000_000).start()  # 1 MB/s: about 0.26 s a shard
     try:
-        env = clean_env({**s3.env(proxy.url), **cache_env(tmp_path)})
-        p = subprocess.Popen([cli_path(), "run", str(yaml), "--epochs", "2", "--digests",
-                              str(out), "--checkpoint-dir", str(ck), "--checkpoint-every",
-                              "20"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
         # Mid-epoch 1 (200 steps an epoch): after the checkpoint of step 60.
-        end = time.monotonic() + 60
-        while time.monotonic() < end and p.poll() is None and not any(
-                int(d.name[5:]) >= 60 for d in ck.glob("step-*") if d.name[5:].isdigit()):
-            time.sleep(0.01)
-        assert p.poll() is None, p.stderr.read()
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=10)
-        done = digest_lines(out)
-        assert 60 <= max(done) < 200, sorted(done)[-3:]
+        env = {**s3.env(proxy.url), **cache_env(tmp_path)}
+        sigkill_after_checkpoint(yaml, env, ck, out, 20, 60, 200)
     finally:
         proxy.stop()
     # The resume (no throttle) on the same small cache, partial download and all.
