@@ -380,7 +380,8 @@ class FaultProxy:
 
 # Cleared from the environment of every run: the tests say what they want.
 _CLEARED = ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "FLOWSTATE_CACHE_LIMIT",
-            "FLOWSTATE_CACHE_DIR", "FLOWSTATE_LISTING_MAX_AGE", "FLOWSTATE_REMOTE_BLOCK")
+            "FLOWSTATE_CACHE_DIR", "FLOWSTATE_LISTING_MAX_AGE", "FLOWSTATE_REMOTE_BLOCK",
+            "FLOWSTATE_REMOTE_PLAN")
 
 
 def cli_path():
