@@ -1,9 +1,9 @@
 """pytest for the `flowstate` package. Run by ctest (test `python.pytest`, label `python`)
 with PYTHONPATH at the build tree's python/ directory; without the package (not built, or no
 torch) every test is skipped, not failed."""
-import os
-
 import pytest
+
+from remote_servers import cli_path
 
 torch = pytest.importorskip("torch", reason="needs PyTorch (python3-torch)")
 flowstate = pytest.importorskip("flowstate", reason="the flowstate package is not built")
@@ -43,10 +43,8 @@ def records_doc(data_dir):
 
 @pytest.fixture
 def cli():
-    path = os.environ.get("FLOWSTATE_CLI")
-    if not path or not os.path.exists(path):
-        pytest.skip("FLOWSTATE_CLI does not name the flowstate command")
-    return path
+    """The flowstate command (FLOWSTATE_CLI); the test is skipped without it."""
+    return cli_path()
 
 
 def every_epoch(loader):
