@@ -7,7 +7,8 @@
 # the single-thread C++ ceiling (the copy alone, pages mapped before the clock starts; and with
 # the page faults timed, "ceiling (faults)"), flowstate with 1 and 2 workers (w2_flowstate, from
 # the Loader's construction), and the whole `flowstate run` process of the same pipeline
-# ("flowstate_run": wall and CPU time of the process, start-up and exit included). Then the
+# ("flowstate_run": wall and CPU time of the process, start-up and exit included), with the
+# default 2 workers and with `--workers inline` (no thread: batches made in next()). Then the
 # first batch after a restore at 50% of the epoch against one from scratch, and the state's
 # size. Prints the raw JSON lines, then medians and the bars of issues 15 and 26.
 #
@@ -64,13 +65,16 @@ epochs: $epochs
 YAML
 # Wall and CPU time (user + system, the kernel's accounting of the child) of one whole
 # `flowstate run` process; tokens from its summary line (samples x 2048).
+# $1: the workers, "2" (the pipeline's default) or "inline" (--workers inline: each batch made
+# on the consumer's thread).
 run_process() {
-  "$py" - "$cli" "$data/w2.yaml" "$epochs" <<'PY'
+  "$py" - "$cli" "$data/w2.yaml" "$epochs" "$1" <<'PY'
 import json, re, resource, subprocess, sys, time
-cli, yaml, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cli, yaml, epochs, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+workers = int(workers) if workers.isdigit() else workers
 r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
 t0 = time.perf_counter()
-p = subprocess.run([cli, "run", yaml], capture_output=True, text=True)
+p = subprocess.run([cli, "run", yaml, "--workers", str(workers)], capture_output=True, text=True)
 wall = time.perf_counter() - t0
 r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
 if p.returncode != 0:
@@ -78,7 +82,7 @@ if p.returncode != 0:
 samples = int(re.search(r"(\d+) samples", p.stdout + p.stderr).group(1))
 user, sys_ = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
 tokens = samples * 2048
-print(json.dumps({"impl": "flowstate_run", "what": "w2", "workers": 2, "epochs": epochs,
+print(json.dumps({"impl": "flowstate_run", "what": "w2", "workers": workers, "epochs": epochs,
                   "tokens_per_s": tokens / wall, "seconds": wall, "cpu_s": user + sys_,
                   "user_s": user, "sys_s": sys_, "cpu_ns_per_token": (user + sys_) * 1e9 / tokens}),
       flush=True)
@@ -95,7 +99,8 @@ for r in $(seq 1 "$rounds"); do
   "$ceil" "$data/corpus.idx" --epochs "$epochs" --faults --label faults | tee -a "$out"
   "$fs" --data "$data" throughput --workers 1 --epochs "$epochs" | tee -a "$out"
   "$fs" --data "$data" throughput --workers 2 --epochs "$epochs" | tee -a "$out"
-  run_process | tee -a "$out"
+  run_process 2 | tee -a "$out"
+  run_process inline | tee -a "$out"
 done
 "$fs" --data "$data" restore --workers 2 --rounds 5 | tee -a "$out"
 
@@ -112,7 +117,7 @@ print("|---|---|---|---|")
 res = {}
 for impl, w, label in [("megatron_py", 0, None), ("megatron_py", 2, None), ("ceiling", 1, None),
                        ("ceiling", 1, "faults"), ("flowstate", 1, None), ("flowstate", 2, None),
-                       ("flowstate_run", 2, None)]:
+                       ("flowstate_run", 2, None), ("flowstate_run", "inline", None)]:
     m, n = med(impl, w, label=label)
     res[(impl, w, label)] = m
     name = impl + (f" ({label})" if label else "")
@@ -121,8 +126,6 @@ py0 = res[("megatron_py", 0, None)]
 py_best = max(v for v in (py0, res[("megatron_py", 2, None)]) if v == v)
 fs_best = max(res[("flowstate", 1, None)], res[("flowstate", 2, None)])
 ceil = res[("ceiling", 1, None)]
-run = res[("flowstate_run", 2, None)]
-run_cpu_ns, _ = med("flowstate_run", 2, "cpu_ns_per_token")
 ceil_s, _ = med("ceiling", 1, "seconds")
 ceil_cpu_s, _ = med("ceiling", 1, "cpu_s")
 rs = [r for r in rows if r["what"] == "w2_restore"][-1]
@@ -135,11 +138,14 @@ print(f"flowstate / single-thread ceiling: {100 * fs_best / ceil:.0f}% (>= 40%):
 print(f"state: {state} bytes (< 64 KiB): {bar(state < 65536)}")
 print(f"first batch restored at 50% / from scratch: {rs['first_batch_restored_50_s'] * 1e3:.1f} / "
       f"{rs['first_batch_scratch_s'] * 1e3:.1f} ms = {ratio:.2f} (<= 2): {bar(ratio <= 2)}")
-print()
-print("issue 26, the whole `flowstate run` process (medians):")
-print(f"  / Python packer, 0 workers: {run / py0:.1f}x (>= 10x): {bar(run >= 10 * py0)}")
-print(f"  / single-thread ceiling (the copy alone): {100 * run / ceil:.0f}% (>= 45%): {bar(run >= 0.45 * ceil)}")
 # The ceiling's CPU per token, from its rate and its CPU share of the timed copy.
 ceil_ns = ceil_cpu_s / ceil_s * 1e9 / ceil
-print(f"  CPU per token: {run_cpu_ns:.2f} ns (<= 1 ns): {bar(run_cpu_ns <= 1.0)}; the ceiling's copy {ceil_ns:.2f} ns")
+for w in (2, "inline"):
+    run = res[("flowstate_run", w, None)]
+    run_cpu_ns, _ = med("flowstate_run", w, "cpu_ns_per_token")
+    print()
+    print(f"issue 26, the whole `flowstate run --workers {w}` process (medians):")
+    print(f"  / Python packer, 0 workers: {run / py0:.1f}x (>= 10x): {bar(run >= 10 * py0)}")
+    print(f"  / single-thread ceiling (the copy alone): {100 * run / ceil:.0f}% (>= 45%): {bar(run >= 0.45 * ceil)}")
+    print(f"  CPU per token: {run_cpu_ns:.2f} ns (<= 1 ns): {bar(run_cpu_ns <= 1.0)}; the ceiling's copy {ceil_ns:.2f} ns")
 EOF

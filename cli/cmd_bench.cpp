@@ -22,8 +22,10 @@ constexpr const char* kUsage =
     "  --repeat R        runs, each with a fresh loader (default 3)\n"
     "  --epochs E        epochs to run (default 0: as many as the steps need; with --steps 0,\n"
     "                    the pipeline's)\n"
-    "  --workers N|auto  batch-assembly workers (free: never changes the batches); auto:\n"
-    "                    tuned while running (the table shows the choice)\n"
+    "  --workers N|auto|inline\n"
+    "                    batch-assembly workers (free: never changes the batches); auto:\n"
+    "                    tuned while running (the table shows the choice); inline: on the\n"
+    "                    consumer's thread\n"
     "  --prefetch N|auto prefetch depth (free); auto: tuned while running\n"
     "  --set KEY=VALUE   override a pipeline value (repeatable)\n"
     "  --json FILE|-     also write the full report as JSON\n"
@@ -49,10 +51,7 @@ int cmd_bench(std::span<const std::string> argv) {
   o.epochs = args.uint("--epochs").value_or(o.steps == 0 ? config.epochs : 0);
   if (o.steps == 0 && o.epochs == 0)
     throw UsageError("--steps 0 runs until the epochs end, which needs --epochs > 0");
-  if (args.value("--workers") == "auto")
-    o.workers = static_cast<int>(kAuto);
-  else if (auto w = args.uint("--workers", 1, 1024))
-    o.workers = static_cast<int>(*w);
+  if (auto w = parse_workers(args)) o.workers = static_cast<int>(*w);
   if (args.value("--prefetch") == "auto")
     o.prefetch = kAuto;
   else if (auto p = args.uint("--prefetch", 1, 1 << 20))

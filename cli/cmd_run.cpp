@@ -42,8 +42,9 @@ constexpr const char* kUsage =
     "  --steps N               stop after the batch of step N-1 (a global target: a resumed\n"
     "                          run stops at the same place)\n"
     "  --epochs E              epochs to run (default: the pipeline's; 0 runs until stopped)\n"
-    "  --workers N|auto        batch-assembly workers (free: never changes the batches);\n"
-    "                          auto: tuned while running\n"
+    "  --workers N|auto|inline batch-assembly workers (free: never changes the batches);\n"
+    "                          auto: tuned while running; inline: no thread, each batch\n"
+    "                          made on the consumer's thread when it asks\n"
     "  --checkpoint-dir D      checkpoint directory, relative to the current directory\n"
     "                          (default: the pipeline's checkpoint.dir, relative to its file)\n"
     "  --checkpoint-every K    checkpoint after each batch whose (step+1) % K == 0 (the\n"
@@ -169,7 +170,7 @@ using Skips = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 struct RunArgs {
   std::string path;                      ///< the pipeline file
   std::optional<std::uint64_t> steps;    ///< --steps
-  std::optional<std::uint64_t> workers;  ///< --workers (kAuto: auto)
+  std::optional<std::uint64_t> workers;  ///< --workers (kAuto: auto, kInline: inline)
   double progress_interval = 10;         ///< --progress-interval
   Skips skips;                           ///< --skip, as given
   MixWeightsSchedule weights;            ///< --mix-weights, --weights-schedule
@@ -183,9 +184,7 @@ RunArgs parse_run_args(const Args& args) {
   RunArgs run;
   run.path = args.positional()[0];
   run.steps = args.uint("--steps");
-  const bool auto_workers = args.value("--workers") == "auto";
-  run.workers =
-      auto_workers ? std::optional<std::uint64_t>(kAuto) : args.uint("--workers", 1, 1024);
+  run.workers = parse_workers(args);
   if (auto p = args.value("--progress-interval"))
     run.progress_interval = parse_seconds(*p, "--progress-interval", /*allow_zero=*/true);
   for (const auto& s : args.values("--skip")) run.skips.push_back(parse_skip(s));

@@ -107,6 +107,16 @@ std::optional<std::uint64_t> Args::uint(std::string_view flag, std::uint64_t min
   return x;
 }
 
+std::optional<std::uint64_t> parse_workers(const Args& args) {
+  const auto v = args.value("--workers");
+  if (v == "auto") return kAuto;
+  if (v == "inline") return kInline;
+  if (v && (v->empty() || v->find_first_not_of("0123456789") != std::string::npos))
+    throw UsageError("--workers expects a number of workers (1 to 1024), auto or inline, got '" +
+                     *v + "'");
+  return args.uint("--workers", 1, 1024);
+}
+
 std::string Args::required(std::string_view flag) const {
   auto v = value(flag);
   if (!v) throw UsageError(std::string(flag) + " is required");

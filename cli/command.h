@@ -70,6 +70,9 @@ class Args {
 /// Parses an unsigned integer; throws UsageError naming `what`.
 std::uint64_t parse_uint(std::string_view text, std::string_view what);
 
+/// --workers N|auto|inline of `run` and `bench`: N in 1..1024, kAuto or kInline; none if unset.
+std::optional<std::uint64_t> parse_workers(const Args& args);
+
 /// The mix weights schedule of `run` and `verify`: every --mix-weights, then the lines of
 /// --weights-schedule FILE (tools/mix_weights.h).
 std::vector<MixWeightsAt> mix_weights_flags(const Args& args);

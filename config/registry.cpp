@@ -139,11 +139,13 @@ const std::vector<ParamSchema>& pipeline_params() {
        .type = ParamType::kUInt,
        .default_value = std::uint64_t{2},
        .doc = "parallel workers reading, mapping and collating batches; auto: tuned while "
-              "running",
+              "running; inline: no thread, each batch made on the consumer's thread when it "
+              "asks (no read-ahead, no hand-off between threads)",
        .min = 1,
        .max = 1024,
        .free = true,
-       .auto_value = true},
+       .auto_value = true,
+       .inline_value = true},
       {.name = "epochs",
        .type = ParamType::kUInt,
        .default_value = std::uint64_t{1},

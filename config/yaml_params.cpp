@@ -94,11 +94,15 @@ ParamValue YamlParams::parse_value(const YAML::Node& n, const ParamSchema& p,
     }
     case ParamType::kUInt:
       if (p.auto_value && is_plain_scalar(n) && n.Scalar() == "auto") return std::uint64_t{kAuto};
+      if (p.inline_value && is_plain_scalar(n) && n.Scalar() == "inline")
+        return std::uint64_t{kInline};
       v = parse_uint(n, p, key);
       if (p.auto_value && std::get<std::uint64_t>(v) == kAuto) {
         ParamSchema bounds = p;
         bounds.auto_value = false;
-        fail(n, key, check_number(bounds, 0.0, n.Scalar()) + " or auto");
+        fail(n, key,
+             check_number(bounds, 0.0, n.Scalar()) +
+                 (p.inline_value ? ", auto or inline" : " or auto"));
       }
       break;
     case ParamType::kInt:

@@ -51,7 +51,8 @@ enum class OnDataChange : std::uint8_t {
 struct LoaderOptions {
   std::uint64_t epochs = 1;  ///< epochs to run; 0 runs forever
   /// Overrides the pipeline's batch-assembly workers; kAuto (0): picked and adjusted while
-  /// running (graph/autotune.h).
+  /// running (graph/autotune.h); static_cast<int>(kInline) (-1): made on the consumer's thread
+  /// in next(), no read-ahead (Pipeline::Builder::workers).
   std::optional<int> workers;
   /// Overrides the pipeline's prefetch depth; kAuto (0): picked and adjusted while running.
   std::optional<std::size_t> prefetch;
@@ -154,6 +155,7 @@ struct LoaderStats {
   int workers = 0;
   std::size_t prefetch_depth = 0;
   bool workers_auto = false;           ///< the workers are tuned
+  bool workers_inline = false;         ///< `workers: inline`: batches made in next()
   bool prefetch_auto = false;          ///< the prefetch depth is tuned
   std::uint64_t memory_budget = 0;     ///< the tuner's cap on bytes in flight (0: not tuning)
   std::uint64_t autotune_changes = 0;  ///< settings the tuner changed so far

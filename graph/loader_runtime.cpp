@@ -61,6 +61,7 @@ LoaderStats Loader::Runtime::stats() {
   s.workers = workers;
   s.prefetch_depth = depth_.load(std::memory_order_relaxed);
   s.workers_auto = auto_workers_;
+  s.workers_inline = inline_;
   s.prefetch_auto = auto_depth_;
   if (tuner_) {
     s.memory_budget = tuner_->limits().memory_budget;

@@ -41,9 +41,11 @@ class Loader::Runtime {
       : tracer_(tracer),
         spine_(pipeline, options.epochs, options.node_stats ? &stats_ : nullptr),
         node_stats_(options.node_stats),
+        inline_(assembly_workers(pipeline, options) == static_cast<int>(kInline)),
         auto_workers_(assembly_workers(pipeline, options) == 0),
         auto_depth_(prefetch_depth(spine_, options) == kAuto),
-        max_workers_(auto_workers_ ? max_auto_workers() : assembly_workers(pipeline, options)),
+        max_workers_(auto_workers_ ? max_auto_workers()
+                                   : std::max(1, assembly_workers(pipeline, options))),
         max_depth_(auto_depth_ ? kMaxAutoDepth : prefetch_depth(spine_, options)),
         workers_(auto_workers_
                      ? std::min(max_workers_,
@@ -54,7 +56,7 @@ class Loader::Runtime {
         // small machines where the default pool would starve the graph.
         lease_(static_cast<std::size_t>(max_workers_) + 2),
         arena_(max_workers_ + 1, 0) {
-    if (auto_workers_ || auto_depth_) {
+    if (!inline_ && (auto_workers_ || auto_depth_)) {
       AutotuneLimits limits;
       limits.workers = auto_workers_;
       limits.depth = auto_depth_;
@@ -109,8 +111,14 @@ class Loader::Runtime {
 
   Spine& spine() { return spine_; }
 
-  /// Builds and starts the graph. The spine must be in its starting state.
+  /// Builds and starts the graph (inline: no graph; take() makes each batch). The spine must
+  /// be in its starting state.
   void start() {
+    if (inline_) {
+      start_ns_ = stats_now_ns();
+      started_ = true;
+      return;
+    }
     arena_.execute([&] {
       graph_ = std::make_unique<flow::graph>();
       input_ = std::make_unique<flow::input_node<PlanMsg>>(
@@ -165,6 +173,7 @@ class Loader::Runtime {
   /// per batch (on a loaded 2-core machine each meeting on a held lock is a futex wake-up).
   ItemMsg take() {
     if (tuner_) maybe_tune();
+    if (inline_ && taken_queue_.empty()) make_inline();
     if (!taken_queue_.empty()) {
       if (taken_groups_ + groups_ready_.load(std::memory_order_relaxed) >= in_flight_target())
         graph_waits_.fetch_add(1, std::memory_order_relaxed);
@@ -219,7 +228,7 @@ class Loader::Runtime {
     // Not through arena_.execute: an external thread that finds every arena slot busy would
     // wait for a worker to run the call. A try_put from outside submits its task to the
     // graph's arena and returns.
-    if (m.last_of_group) in_flight_slots_.release();
+    if (m.last_of_group && !inline_) in_flight_slots_.release();
     return m;
   }
 
@@ -258,6 +267,22 @@ class Loader::Runtime {
       fc.stop();
       return {};
     }
+    return plan_group(next_group_size());
+  }
+
+  /// `workers: inline`, on the consumer's thread: plans, assembles and delivers the next
+  /// batch to queue_ — what the graph's three nodes do, with no hand-off between threads.
+  void make_inline() {
+    PlanMsg m;
+    if (done_)
+      m.end = true;
+    else
+      m = plan_group(1);
+    deliver(assemble(m));
+  }
+
+  /// The spine's next group of at most `k` plans (the input node's body, or make_inline's).
+  PlanMsg plan_group(std::size_t k) {
     StageTimer timer(spine_ns_, spine_items_, &last_plan_end_ns_);
     timer.count = 0;
     const std::int64_t begin_ns = stats_now_ns();
@@ -269,7 +294,6 @@ class Loader::Runtime {
     m.seq = seq_++;
     messages_.fetch_add(1, std::memory_order_relaxed);
     m.plans = std::make_shared<std::vector<BatchPlan>>();
-    const std::size_t k = next_group_size();
     m.plans->reserve(k);
     try {
       while (m.plans->size() < k) {
@@ -427,6 +451,7 @@ class Loader::Runtime {
   NodeStatsTable stats_;  // before spine_: it owns the timers between the spine's nodes
   Spine spine_;
   const bool node_stats_;                 ///< LoaderOptions::node_stats
+  const bool inline_;                     ///< `workers: inline`: no graph, take() makes batches
   const bool auto_workers_, auto_depth_;  ///< `auto`: tuned while running
   const int max_workers_;                 ///< the function node's concurrency
   const std::size_t max_depth_;

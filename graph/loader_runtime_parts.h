@@ -148,9 +148,13 @@ class ParallelismLease {
 };
 
 /// The batch-assembly workers: LoaderOptions::workers, else the largest of the pipeline's and
-/// its maps' (kAuto, 0: tuned — when the pipeline's is auto and no map sets its own).
+/// its maps' (kAuto, 0: tuned — when the pipeline's is auto and no map sets its own; kInline,
+/// -1: on the consumer's thread — when the pipeline's is inline and no map sets its own).
 inline int assembly_workers(const Pipeline& p, const LoaderOptions& o) {
-  if (o.workers) return *o.workers == static_cast<int>(kAuto) ? 0 : std::max(1, *o.workers);
+  if (o.workers)
+    return *o.workers == static_cast<int>(kAuto) || *o.workers == static_cast<int>(kInline)
+               ? *o.workers
+               : std::max(1, *o.workers);
   int w = p.workers();
   for (const auto& n : p.nodes())
     if (n.workers) w = std::max(w, *n.workers);

@@ -36,10 +36,11 @@ std::vector<std::string> Pipeline::data_params() const {
 }
 
 std::string Pipeline::describe() const {
-  std::string s =
-      "seed: " + std::to_string(seed_) + "\nworkers: " +
-      (workers_ == static_cast<int>(kAuto) ? std::string("auto") : std::to_string(workers_)) +
-      " (free)\n";
+  std::string s = "seed: " + std::to_string(seed_) + "\nworkers: " +
+                  (workers_ == static_cast<int>(kAuto)     ? std::string("auto")
+                   : workers_ == static_cast<int>(kInline) ? std::string("inline")
+                                                           : std::to_string(workers_)) +
+                  " (free)\n";
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const auto& n = nodes_[i];
     s += "[" + std::to_string(i) + "] " + n.name + ": " + n.description.type + "\n";
@@ -69,8 +70,8 @@ Pipeline::Builder& Pipeline::Builder::seed(std::uint64_t seed) {
 }
 
 Pipeline::Builder& Pipeline::Builder::workers(int workers) {
-  if (workers < 0 || (workers < 1 && workers != static_cast<int>(kAuto)))
-    throw ConfigError("workers", "workers must be at least 1 (or kAuto)");
+  if (workers < 1 && workers != static_cast<int>(kAuto) && workers != static_cast<int>(kInline))
+    throw ConfigError("workers", "workers must be at least 1 (or kAuto, or kInline)");
   p_.workers_ = workers;
   return *this;
 }

@@ -81,7 +81,8 @@ class Pipeline {
   std::uint64_t seed() const { return seed_; }
   const std::vector<NodeSpec>& nodes() const { return nodes_; }
   /// Default number of parallel batch-assembly workers (a map's `workers` overrides it), or
-  /// kAuto (0): the Loader picks and adjusts it (graph/autotune.h).
+  /// kAuto (0): the Loader picks and adjusts it (graph/autotune.h), or kInline (-1): batches
+  /// are made on the consumer's thread, in next().
   int workers() const { return workers_; }
   /// The pipeline without its free parameters, as "node.param" -> value pairs.
   std::vector<CanonicalParam> canonical() const;
@@ -119,7 +120,9 @@ class Pipeline::Builder {
   /// The pipeline seed: shuffles and map generators derive from it.
   Builder& seed(std::uint64_t seed);
   /// Default parallel workers for reading, mapping and collating batches (>= 1), or kAuto:
-  /// tuned while running (graph/autotune.h). Free.
+  /// tuned while running (graph/autotune.h), or static_cast<int>(kInline): no thread, each
+  /// batch is planned and made on the consumer's thread when it asks (like torch's
+  /// num_workers=0; no read-ahead, and no hand-off between threads). Free.
   Builder& workers(int workers);
 
   /// Adds any node: its definition and options of the definition's type. `inputs` are the

@@ -81,6 +81,9 @@ std::string check_param(const ParamSchema& p, const ParamValue& value) {
   std::string problem;
   if (const auto* u = std::get_if<std::uint64_t>(&value); u && p.auto_value && *u == kAuto) {
     // `auto`: the runtime picks the value.
+  } else if (const auto* w = std::get_if<std::uint64_t>(&value);
+             w && p.inline_value && *w == kInline) {
+    // `inline`: on the consumer's thread.
   } else if (const auto* u = std::get_if<std::uint64_t>(&value)) {
     problem = check_number(p, static_cast<double>(*u), std::to_string(*u));
   } else if (const auto* i = std::get_if<std::int64_t>(&value)) {
@@ -187,6 +190,7 @@ std::string describe_params(const std::vector<ParamSchema>& params, std::string_
       line += ", <= " + format_bound(*p.max);
     if (!p.choices.empty()) line += ", one of: " + join(p.choices);
     if (p.auto_value) line += ", or auto";
+    if (p.inline_value) line += ", or inline";
     if (p.free) line += ", free";
     if (p.data) line += ", data";
     line += "): " + p.doc + "\n";

@@ -21,6 +21,10 @@ namespace flowstate {
 /// The value the word `auto` stands for in an unsigned parameter that accepts it
 /// (ParamSchema::auto_value): the runtime picks, and adjusts, the value (graph/autotune.h).
 inline constexpr std::uint64_t kAuto = 0;
+/// The value the word `inline` stands for in an unsigned parameter that accepts it
+/// (ParamSchema::inline_value): no thread of its own, the work runs on the consumer's thread.
+/// As an `int` (Pipeline::workers, LoaderOptions::workers) it is -1.
+inline constexpr std::uint64_t kInline = ~std::uint64_t{0};
 
 /// The type of a parameter value.
 enum class ParamType : std::uint8_t {
@@ -68,6 +72,8 @@ struct ParamSchema {
   /// kUInt only: the word `auto` is accepted too, as kAuto (0); a written 0 is still out of
   /// range. Only free parameters take it (the runtime tunes them, graph/autotune.h).
   bool auto_value = false;
+  /// kUInt only: the word `inline` is accepted too, as kInline (Pipeline's `workers`).
+  bool inline_value = false;
   /// What an unset parameter without a default means ("RANK, ... else 0"), for the docs.
   std::string default_doc;
   /// Extra validation: returns the problem ("must not be empty"), or "" when the value is fine.

@@ -197,14 +197,16 @@ BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options) {
   if (options.repeat < 1) throw ConfigError("repeat", "repeat must be at least 1");
   if (options.steps == 0 && options.epochs == 0)
     throw ConfigError("steps", "steps 0 (run to the end) needs a finite number of epochs");
-  if (options.workers && *options.workers < 1 && *options.workers != static_cast<int>(kAuto))
-    throw ConfigError("workers", "workers must be at least 1 (or auto)");
+  if (options.workers && *options.workers < 1 && *options.workers != static_cast<int>(kAuto) &&
+      *options.workers != static_cast<int>(kInline))
+    throw ConfigError("workers", "workers must be at least 1 (or auto, or inline)");
 
   BenchReport report;
   report.pipeline = pipeline.describe();
   report.fingerprint = pipeline.fingerprint();
   report.options = options;
   report.workers = options.workers.value_or(pipeline.workers());
+  if (report.workers == static_cast<int>(kInline)) report.workers = 1;  // the consumer's thread
   for (const auto& n : pipeline.nodes())
     if (!options.workers && n.workers) report.workers = std::max(report.workers, *n.workers);
 

@@ -96,10 +96,10 @@ def _map_tensors(value, fn):
 
 def _yaml_value(v):
     # JSON is YAML: a value written as JSON reads back as the same value. `auto` (workers,
-    # prefetch depth) is written plain, as YAML users write it: a quoted "auto" is a string
-    # that a count refuses, and a string parameter reads both the same.
-    if isinstance(v, str) and v == "auto":
-        return "auto"
+    # prefetch depth) and `inline` (workers) are written plain, as YAML users write them: a
+    # quoted "auto" is a string that a count refuses, and a string parameter reads both the same.
+    if isinstance(v, str) and v in ("auto", "inline"):
+        return v
     if isinstance(v, Mapping):
         return "{" + ", ".join(f"{json.dumps(str(k))}: {_yaml_value(x)}"
                                for k, x in v.items()) + "}"
@@ -570,14 +570,18 @@ class _Plan:
 
 
 def _workers_option(workers):
-    """`workers` as the native loader takes it: None, a count >= 1, or 0 for "auto"."""
+    """`workers` as the native loader takes it: None, a count >= 1, 0 for "auto" or -1 for
+    "inline"."""
     if workers is None:
         return None
     if workers == "auto":
         return 0
+    if workers == "inline":
+        return -1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers={workers!r}: threads assembling batches: 1, 2, ... or "
-                          "\"auto\" (tuned while running). For the Python parts of a Python "
+        raise ConfigError(f"workers={workers!r}: threads assembling batches: 1, 2, ..., "
+                          "\"auto\" (tuned while running) or \"inline\" (on the calling "
+                          "thread, in next()). For the Python parts of a Python "
                           "source, num_workers=N runs N worker processes (0: the calling "
                           "process)")
     return workers

@@ -64,6 +64,7 @@ void bind_state(py::module_& m) {
             py::dict d;
             d["kind"] = kind_name(p.type);
             d["auto"] = p.auto_value;
+            d["inline"] = p.inline_value;
             if (p.type == ParamType::kMap) {
               py::dict fields;
               for (const ParamSchema& f : p.fields) fields[py::str(f.name)] = kind_name(f.type);

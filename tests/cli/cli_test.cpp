@@ -492,6 +492,30 @@ TEST_F(Cli, RunWritesDigestsAndProvenanceOfEveryBatch) {
       << r.err;
 }
 
+// --workers inline: each batch made on the run's own thread; the same batches, and a
+// checkpoint of an inline run resumes with workers (and the other way round).
+TEST_F(Cli, RunWithWorkersInlineMakesTheSameBatches) {
+  CliResult r = run({"run", "p.yaml", "--steps", "40", "--workers", "inline", "--checkpoint-dir",
+                     "ck", "--checkpoint-every", "20", "--digests", "d.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read_lines(path("d.txt")), expected_digests(40));
+  r = run({"run", "p.yaml", "--steps", "60", "--workers", "3", "--checkpoint-dir", "ck", "--resume",
+           "--digests", "d.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(by_step(read_lines(path("d.txt"))), expected_digests(60));
+  r = run({"run", "p.yaml", "--steps", "80", "--workers", "inline", "--checkpoint-dir", "ck",
+           "--resume", "--digests", "d.txt"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(by_step(read_lines(path("d.txt"))), expected_digests(80));
+  r = run({"run", "p.yaml", "--steps", "5", "--workers", "some"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--workers expects a number of workers (1 to 1024), auto or inline, got "
+                       "'some'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(run({"run", "p.yaml", "--steps", "5", "--workers", "0"}).status, 2);
+}
+
 TEST_F(Cli, ResumingAfterALineCutByAKillKeepsEveryLineWhole) {
   CliResult r = run({"run", "p.yaml", "--steps", "40", "--checkpoint-dir", "ck",
                      "--checkpoint-every", "20", "--digests", "part.txt"});

@@ -213,7 +213,7 @@ TEST_F(AutotuneLoader, AutoIsAFreeParameter) {
   EXPECT_NE(pipeline().describe().find("workers: auto (free)"), std::string::npos)
       << pipeline().describe();
   EXPECT_NE(pipeline().describe().find("depth: auto (free)"), std::string::npos);
-  EXPECT_THROW(Pipeline::Builder().workers(-1), ConfigError);
+  EXPECT_THROW(Pipeline::Builder().workers(-2), ConfigError);  // (-1 is kInline)
 }
 
 TEST_F(AutotuneLoader, TunedRunsDeliverTheBatchesOfAFixedRun) {
@@ -326,8 +326,21 @@ TEST_F(AutotuneLoader, YamlTakesAuto) {
                      "\", record_bytes: 64}\nnodes:\n  - batch: {size: 16}\n");
     FAIL() << "workers: 0 was accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("or auto"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto or inline"), std::string::npos) << e.what();
   }
+  // `inline`: no tuning, no thread; the batches are the same.
+  const Pipeline in =
+      from_yaml_string("seed: 9\nworkers: inline\nsource: {type: records, paths: \"" + glob_ +
+                       "\", record_bytes: 64}\nnodes:\n  - batch: {size: 16}\n"
+                       "  - prefetch: {depth: auto}\n");
+  EXPECT_EQ(in.workers(), static_cast<int>(kInline));
+  EXPECT_NE(in.describe().find("workers: inline (free)"), std::string::npos) << in.describe();
+  EXPECT_EQ(in.fingerprint(), p.fingerprint());  // free: not part of what the batches are
+  Loader li(in, {.epochs = 1});
+  Loader la(p, {.epochs = 1});
+  EXPECT_EQ(digests(li), digests(la));
+  EXPECT_TRUE(li.stats().workers_inline);
+  EXPECT_FALSE(li.stats().workers_auto);
 }
 
 }  // namespace

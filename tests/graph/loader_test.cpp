@@ -130,6 +130,74 @@ TEST_F(LoaderTest, StateSavedWithOneWorkerRestoresWithFour) {
   EXPECT_EQ(got, expected);
 }
 
+// `workers: inline`: no thread of the loader's; each batch is planned and made in next(), on
+// the caller's thread. The batches are those of any worker count, and a state moves between
+// the two ways of running in both directions.
+TEST_F(LoaderTest, InlineMakesTheSameBatchesOnTheCallersThread) {
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> elsewhere{0};
+  auto make = [&] {
+    return base()
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 50})
+        .map(
+            [&](Sample& s, MapContext& ctx) {
+              if (std::this_thread::get_id() != caller) elsewhere.fetch_add(1);
+              Tensor noise(DType::kUInt64, Shape{1});
+              noise.values<std::uint64_t>()[0] = ctx.rng();
+              s.set("noise", noise);
+            },
+            {.name = "noise"})
+        .batch({.size = 32})
+        .build();
+  };
+  const int kInlineWorkers = static_cast<int>(kInline);
+  Loader threaded(make(), {.epochs = 2, .workers = 2});
+  const auto expected = drain(threaded);
+  EXPECT_GT(elsewhere.load(), 0);  // the check can fail: threads do run the map
+  elsewhere = 0;
+  Loader in(make(), {.epochs = 2, .workers = kInlineWorkers});
+  EXPECT_EQ(drain(in), expected);
+  EXPECT_EQ(elsewhere.load(), 0);
+  EXPECT_FALSE(in.next().has_value());  // stays at the end
+  const LoaderStats s = in.stats();
+  EXPECT_TRUE(s.workers_inline);
+  EXPECT_FALSE(threaded.stats().workers_inline);
+  EXPECT_EQ(s.workers, 1);
+  EXPECT_EQ(s.stages[1].items, expected.size());
+  EXPECT_EQ(s.consumer_waits, 0u);
+  // The pipeline's own `workers` says it too.
+  Loader from_pipeline(base().workers(kInlineWorkers).batch({.size = 32}).build(), {});
+  drain(from_pipeline);
+  EXPECT_TRUE(from_pipeline.stats().workers_inline);
+  EXPECT_THROW(base().workers(-2), ConfigError);
+  testing::expect_save_restore(make, {.epochs = 2, .workers = kInlineWorkers},
+                               {.epochs = 2, .workers = 3});
+  testing::expect_save_restore(make, {.epochs = 2, .workers = 2},
+                               {.epochs = 2, .workers = kInlineWorkers});
+}
+
+TEST_F(LoaderTest, InlineErrorsNameTheNode) {
+  Loader loader(base()
+                    .map(
+                        [](Sample& s, MapContext&) {
+                          if (s.ref.index == 500) throw std::runtime_error("bad record 500");
+                        },
+                        {.name = "picky"})
+                    .batch({.size = 10})
+                    .build(),
+                {.epochs = 1, .workers = static_cast<int>(kInline)});
+  std::size_t delivered = 0;
+  try {
+    while (loader.next()) ++delivered;
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.node(), "picky");
+    EXPECT_STREQ(e.what(), "node 'picky': bad record 500");
+  }
+  EXPECT_EQ(delivered, 50u);
+  EXPECT_THROW(loader.next(), Error);
+}
+
 TEST_F(LoaderTest, RanksPartitionTheDataSet) {
   for (ShardMode mode : {ShardMode::kInterleave, ShardMode::kContiguous}) {
     std::multiset<std::uint64_t> all;

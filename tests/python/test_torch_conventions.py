@@ -54,6 +54,13 @@ def test_after_a_resume_the_loop_continues_the_saved_epoch(records_doc):
 def test_workers_arguments(records_doc):
     p = flowstate.Pipeline.from_dict(records_doc)
     assert len(list(flowstate.Loader(p, workers="auto"))) == 63
+    # "inline": each batch made in next(), on the calling thread; the same batches.
+    def data(loader):
+        return [b["data"].numpy().tobytes() for b in loader]
+    inline = data(flowstate.Loader(p, workers="inline"))
+    assert len(inline) == 63 and inline == data(flowstate.Loader(p, workers=2))
+    d = dict(records_doc, workers="inline")
+    assert data(flowstate.Loader(flowstate.Pipeline.from_dict(d))) == inline
     with pytest.raises(flowstate.ConfigError, match="workers=0"):
         flowstate.Loader(p, workers=0)
     with pytest.raises(flowstate.ConfigError, match="num_workers"):
