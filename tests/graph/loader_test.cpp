@@ -35,6 +35,26 @@ class LoaderTest : public ::testing::Test {
     b.seed(seed).records({.paths = {glob_}, .record_bytes = 64});
     return b;
   }
+  /// Buffer shuffle, a map that adds a drawn "noise" field (slowing some samples down so
+  /// workers finish out of order, and counting in `elsewhere` the samples it sees on a
+  /// thread other than `caller`), batches of 32.
+  Pipeline noisy(std::thread::id caller = {}, std::atomic<int>* elsewhere = nullptr) const {
+    return base()
+        .shuffle({.mode = ShuffleMode::kBuffer, .size = 50})
+        .map(
+            [caller, elsewhere](Sample& s, MapContext& ctx) {
+              if (elsewhere != nullptr && std::this_thread::get_id() != caller)
+                elsewhere->fetch_add(1);
+              if (ctx.rng.below(10) == 0)
+                std::this_thread::sleep_for(std::chrono::microseconds(50));
+              Tensor noise(DType::kUInt64, Shape{1});
+              noise.values<std::uint64_t>()[0] = ctx.rng();
+              s.set("noise", noise);
+            },
+            {.name = "noise"})
+        .batch({.size = 32})
+        .build();
+  }
   TempDir dir_;
   std::string glob_;
 };
@@ -87,31 +107,25 @@ TEST_F(LoaderTest, DropLastDropsTheShortBatch) {
   EXPECT_EQ(t[15].epoch, 1u);
 }
 
-TEST_F(LoaderTest, OutputIsIdenticalForOneTwoAndFourWorkers) {
-  auto make = [&] {
-    return base()
-        .shuffle({.mode = ShuffleMode::kBuffer, .size = 50})
-        .map(
-            [](Sample& s, MapContext& ctx) {
-              // Slow down some samples so workers finish out of order.
-              if (ctx.rng.below(10) == 0)
-                std::this_thread::sleep_for(std::chrono::microseconds(50));
-              Tensor noise(DType::kUInt64, Shape{1});
-              noise.values<std::uint64_t>()[0] = ctx.rng();
-              s.set("noise", noise);
-            },
-            {.name = "noise"})
-        .batch({.size = 32})
-        .build();
-  };
+TEST_F(LoaderTest, OutputIsIdenticalForOneTwoAndFourWorkersAndInline) {
+  // `workers: inline`: no thread of the loader's, each batch planned and made in next() on the
+  // caller's thread; the map counts the samples made elsewhere.
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> elsewhere{0};
   std::vector<std::vector<BatchTrace>> runs;
-  for (int w : {1, 2, 4}) {
-    Loader loader(make(), {.epochs = 2, .workers = w});
+  std::vector<int> made_elsewhere;
+  for (int w : {1, 2, 4, static_cast<int>(kInline)}) {
+    elsewhere = 0;
+    Loader loader(noisy(caller, &elsewhere), {.epochs = 2, .workers = w});
     runs.push_back(drain(loader));
+    made_elsewhere.push_back(elsewhere.load());
   }
   ASSERT_EQ(runs[0].size(), 64u);
   EXPECT_EQ(runs[0], runs[1]);
   EXPECT_EQ(runs[0], runs[2]);
+  EXPECT_EQ(runs[0], runs[3]);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_GT(made_elsewhere[i], 0) << i;  // threads ran it
+  EXPECT_EQ(made_elsewhere[3], 0);                                           // inline: none did
 }
 
 TEST_F(LoaderTest, StateSavedWithOneWorkerRestoresWithFour) {
@@ -130,34 +144,15 @@ TEST_F(LoaderTest, StateSavedWithOneWorkerRestoresWithFour) {
   EXPECT_EQ(got, expected);
 }
 
-// `workers: inline`: no thread of the loader's; each batch is planned and made in next(), on
-// the caller's thread. The batches are those of any worker count, and a state moves between
-// the two ways of running in both directions.
-TEST_F(LoaderTest, InlineMakesTheSameBatchesOnTheCallersThread) {
-  const std::thread::id caller = std::this_thread::get_id();
-  std::atomic<int> elsewhere{0};
-  auto make = [&] {
-    return base()
-        .shuffle({.mode = ShuffleMode::kBuffer, .size = 50})
-        .map(
-            [&](Sample& s, MapContext& ctx) {
-              if (std::this_thread::get_id() != caller) elsewhere.fetch_add(1);
-              Tensor noise(DType::kUInt64, Shape{1});
-              noise.values<std::uint64_t>()[0] = ctx.rng();
-              s.set("noise", noise);
-            },
-            {.name = "noise"})
-        .batch({.size = 32})
-        .build();
-  };
+// `workers: inline` reports itself, is the pipeline's too, and a state moves between it and
+// threads in both directions.
+TEST_F(LoaderTest, InlineStatsAndStatesMoveToAndFromThreads) {
+  auto make = [&] { return noisy(); };
   const int kInlineWorkers = static_cast<int>(kInline);
   Loader threaded(make(), {.epochs = 2, .workers = 2});
   const auto expected = drain(threaded);
-  EXPECT_GT(elsewhere.load(), 0);  // the check can fail: threads do run the map
-  elsewhere = 0;
   Loader in(make(), {.epochs = 2, .workers = kInlineWorkers});
   EXPECT_EQ(drain(in), expected);
-  EXPECT_EQ(elsewhere.load(), 0);
   EXPECT_FALSE(in.next().has_value());  // stays at the end
   const LoaderStats s = in.stats();
   EXPECT_TRUE(s.workers_inline);
@@ -174,28 +169,6 @@ TEST_F(LoaderTest, InlineMakesTheSameBatchesOnTheCallersThread) {
                                {.epochs = 2, .workers = 3});
   testing::expect_save_restore(make, {.epochs = 2, .workers = 2},
                                {.epochs = 2, .workers = kInlineWorkers});
-}
-
-TEST_F(LoaderTest, InlineErrorsNameTheNode) {
-  Loader loader(base()
-                    .map(
-                        [](Sample& s, MapContext&) {
-                          if (s.ref.index == 500) throw std::runtime_error("bad record 500");
-                        },
-                        {.name = "picky"})
-                    .batch({.size = 10})
-                    .build(),
-                {.epochs = 1, .workers = static_cast<int>(kInline)});
-  std::size_t delivered = 0;
-  try {
-    while (loader.next()) ++delivered;
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.node(), "picky");
-    EXPECT_STREQ(e.what(), "node 'picky': bad record 500");
-  }
-  EXPECT_EQ(delivered, 50u);
-  EXPECT_THROW(loader.next(), Error);
 }
 
 TEST_F(LoaderTest, RanksPartitionTheDataSet) {
@@ -287,25 +260,28 @@ TEST_F(LoaderTest, HandlesOneByteAndOneMebibyteRecords) {
 }
 
 TEST_F(LoaderTest, AMapThatThrowsReachesTheConsumerWithTheNodeName) {
-  Loader loader(base()
-                    .map(
-                        [](Sample& s, MapContext&) {
-                          if (s.ref.index == 500) throw std::runtime_error("bad record 500");
-                        },
-                        {.name = "picky"})
-                    .batch({.size = 10})
-                    .build(),
-                {.epochs = 1, .workers = 2});
-  std::size_t delivered = 0;
-  try {
-    while (loader.next()) ++delivered;
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.node(), "picky");
-    EXPECT_STREQ(e.what(), "node 'picky': bad record 500");
+  for (const int workers : {2, static_cast<int>(kInline)}) {
+    SCOPED_TRACE(workers);
+    Loader loader(base()
+                      .map(
+                          [](Sample& s, MapContext&) {
+                            if (s.ref.index == 500) throw std::runtime_error("bad record 500");
+                          },
+                          {.name = "picky"})
+                      .batch({.size = 10})
+                      .build(),
+                  {.epochs = 1, .workers = workers});
+    std::size_t delivered = 0;
+    try {
+      while (loader.next()) ++delivered;
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.node(), "picky");
+      EXPECT_STREQ(e.what(), "node 'picky': bad record 500");
+    }
+    EXPECT_EQ(delivered, 50u);           // every batch before the failing one
+    EXPECT_THROW(loader.next(), Error);  // and again
   }
-  EXPECT_EQ(delivered, 50u);           // every batch before the failing one
-  EXPECT_THROW(loader.next(), Error);  // and again
 }
 
 TEST_F(LoaderTest, DestroyingMidEpochReturnsPromptly) {
