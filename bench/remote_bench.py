@@ -18,11 +18,9 @@ Prints one line per run and a summary of medians with the issue's ratios.
 """
 import argparse
 import concurrent.futures
-import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,29 +28,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests/python"))
+sys.path.insert(0, str(REPO / "bench"))
+from remote_common import DataSet, run  # noqa: E402
 from remote_servers import FaultProxy, S3Server, S3_KEY, S3_SECRET  # noqa: E402
 
-SHARDS = 8
-RECORD_BYTES = 4096
 CONNECTIONS = 8
 PART = 8 << 20
 
 
 def run_cli(cli, args, env):
-    e = os.environ.copy()
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        e.pop(k, None)
-    e.update(env)
-    t = time.perf_counter()
-    r = subprocess.run([cli, *args], env=e, capture_output=True, text=True, timeout=600)
-    dt = time.perf_counter() - t
-    if r.returncode != 0:
-        raise SystemExit(f"flowstate {' '.join(args)}: exit {r.returncode}\n{r.stderr}")
-    # The run's own clock (from the Loader's start; its last line's "... MB in X s"): the
-    # process's time less its start-up (libraries, the listing, the cache's look-ups).
-    m = re.search(r"B in ([0-9.]+) s", r.stderr)
+    """Runs the CLI (remote_common.run); returns its wall time and keeps the run's own clock
+    (from the Loader's start; its last line's "... MB in X s": the process's time less its
+    start-up — libraries, the listing, the cache's look-ups) in RUN_CLOCK."""
+    wall, _, err = run(cli, args, env)
+    m = re.search(r"B in ([0-9.]+) s", err)
     RUN_CLOCK.append(float(m.group(1)) if m else float("nan"))
-    return dt
+    return wall
 
 
 RUN_CLOCK = []  # one entry per run_cli call
@@ -99,21 +90,9 @@ def main():
     ap.add_argument("--docs", type=int, default=200000, help="W2's documents (w2_compare.sh's)")
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="flowstate-remote-bench-"))
-    if a.workload == "w2":
-        data = work / "indexed"
-        glob, prefix = "corpus.*", "w2"
-        if not data.exists():
-            data.mkdir(parents=True)
-            run_cli(a.cli, ["gen", "indexed", "--out", str(data / "corpus"), "--docs",
-                            str(a.docs)], {})
-    else:
-        data = work / "records"
-        glob, prefix = "part-*.bin", "w1"
-        records = a.mib * (1 << 20) // RECORD_BYTES
-        if not data.exists():
-            run_cli(a.cli, ["gen", "records", "--out", str(data), "--records", str(records),
-                            "--record-bytes", str(RECORD_BYTES), "--shards", str(SHARDS)], {})
-    total = sum(f.stat().st_size for f in data.glob(glob))
+    ds = DataSet(a.cli, work, a.workload, a.mib, a.docs)
+    data, glob, prefix = ds.dir, ds.glob, ds.prefix
+    total = ds.bytes()
     s3 = S3Server(work / "s3").start()
     if a.cap_per_connection:
         proxy = FaultProxy(s3.port, rate=a.cap_mbs * 1e6 / CONNECTIONS).start()
@@ -124,16 +103,7 @@ def main():
         sizes = [(k, (data / Path(k).name).stat().st_size) for k in keys]
 
         def yaml(paths):
-            p = work / f"{a.workload}-{abs(hash(paths))}.yaml"
-            if a.workload == "w2":
-                p.write_text(f'seed: 1234\nsource: {{type: indexed, paths: "{paths}", '
-                             'field: tokens}\nnodes:\n  - shuffle: {mode: global}\n'
-                             '  - pack: {length: 2048, separator: 0}\n  - batch: {size: 8}\n')
-            else:
-                p.write_text(f'seed: 1\nsource: {{type: records, paths: "{paths}", '
-                             f'record_bytes: {RECORD_BYTES}}}\n'
-                             'nodes:\n  - shuffle: {mode: global}\n  - batch: {size: 256}\n')
-            return p
+            return ds.yaml(work / f"{a.workload}-{abs(hash(paths))}.yaml", paths)
 
         # The same files copied (shutil.copyfile): on this kernel a run over files `gen` wrote
         # is faster than over the same bytes copied, whoever reads them — the page cache keeps
@@ -143,14 +113,8 @@ def main():
             copied.mkdir()
             for f in data.glob(glob):
                 shutil.copyfile(f, copied / f.name)
-        if a.workload == "w2":
-            local_yaml = yaml(str(data / "corpus.idx"))
-            copied_yaml = yaml(str(copied / "corpus.idx"))
-            s3_yaml = yaml("s3://bucket/w2/corpus")
-        else:
-            local_yaml = yaml(str(data / "part-*.bin"))
-            copied_yaml = yaml(str(copied / "part-*.bin"))
-            s3_yaml = yaml("s3://bucket/w1/part-*.bin")
+        local_yaml, s3_yaml = yaml(ds.local_paths), yaml(ds.s3_paths)
+        copied_yaml = yaml(ds.local_paths.replace(str(data), str(copied)))
         base = {"FLOWSTATE_REMOTE_CONNECTIONS": str(CONNECTIONS),
                 "FLOWSTATE_CACHE_LIMIT": str(4 * total)}
         warm_cache = work / "cache-warm"

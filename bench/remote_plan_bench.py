@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests/python"))
 sys.path.insert(0, str(REPO / "bench"))
-from remote_bench import CONNECTIONS, RECORD_BYTES, SHARDS, run_cli  # noqa: E402
+from remote_bench import CONNECTIONS, run_cli  # noqa: E402
+from remote_common import DataSet  # noqa: E402
 from remote_servers import FaultProxy, S3Server  # noqa: E402
 
 
@@ -50,19 +51,9 @@ def main():
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one)")
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="flowstate-plan-bench-"))
-    if a.workload == "w2":
-        data, glob, prefix = work / "indexed", "corpus.*", "w2"
-        if not data.exists():
-            data.mkdir(parents=True)
-            run_cli(a.cli, ["gen", "indexed", "--out", str(data / "corpus"), "--docs",
-                            str(a.docs)], {})
-    else:
-        data, glob, prefix = work / "records", "part-*.bin", "w1"
-        if not data.exists():
-            run_cli(a.cli, ["gen", "records", "--out", str(data), "--records",
-                            str(a.mib * (1 << 20) // RECORD_BYTES), "--record-bytes",
-                            str(RECORD_BYTES), "--shards", str(SHARDS)], {})
-    total = sum(f.stat().st_size for f in data.glob(glob))
+    ds = DataSet(a.cli, work, a.workload, a.mib, a.docs)
+    data, glob, prefix = ds.dir, ds.glob, ds.prefix
+    total = ds.bytes()
     idx = sum(f.stat().st_size for f in data.glob("*.idx"))
     limit = idx + int((total - idx) * a.fraction)
     s3 = S3Server(work / "s3").start()
@@ -70,22 +61,8 @@ def main():
     try:
         s3.upload_dir(data, prefix, glob)
 
-        def yaml(paths):
-            p = work / f"{a.workload}-{abs(hash(paths))}.yaml"
-            if a.workload == "w2":
-                p.write_text(f'seed: 1234\nsource: {{type: indexed, paths: "{paths}", '
-                             'field: tokens}\nnodes:\n  - shuffle: {mode: global}\n'
-                             '  - pack: {length: 2048, separator: 0}\n  - batch: {size: 8}\n')
-            else:
-                p.write_text(f'seed: 1\nsource: {{type: records, paths: "{paths}", '
-                             f'record_bytes: {RECORD_BYTES}}}\n'
-                             'nodes:\n  - shuffle: {mode: global}\n  - batch: {size: 256}\n')
-            return p
-
-        if a.workload == "w2":
-            local_yaml, s3_yaml = yaml(str(data / "corpus.idx")), yaml("s3://bucket/w2/corpus")
-        else:
-            local_yaml, s3_yaml = yaml(str(data / "part-*.bin")), yaml("s3://bucket/w1/part-*.bin")
+        local_yaml = ds.yaml(work / f"{a.workload}-local.yaml", ds.local_paths)
+        s3_yaml = ds.yaml(work / f"{a.workload}-s3.yaml", ds.s3_paths)
         cache = work / "cache"
         want = work / "local.txt"
         run_cli(a.cli, ["run", str(local_yaml), "--digests", str(want)], {})

@@ -17,37 +17,23 @@ equal to the local run's first.
 """
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests/python"))
+sys.path.insert(0, str(REPO / "bench"))
+from remote_common import DataSet, run as run_cli  # noqa: E402
 from remote_servers import S3Server  # noqa: E402
-
-SHARDS = 8
-RECORD_BYTES = 4096
 
 
 def run(cli, args, env, check=True):
-    """Runs `cli args` under `env` added to a clean copy of ours; (wall s, CPU s)."""
-    e = os.environ.copy()
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        e.pop(k, None)
-    e.update(env)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    r = subprocess.run([cli, *args], env=e, capture_output=True, text=True, timeout=600)
-    wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if check and r.returncode != 0:
-        raise SystemExit(f"{cli} {' '.join(args)}: exit {r.returncode}\n{r.stderr}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    """remote_common.run's (wall s, CPU s)."""
+    wall, cpu, _ = run_cli(cli, args, env, check)
     return wall, cpu
 
 
@@ -94,26 +80,13 @@ def main():
     first = next(iter(clis.values()))
     work = Path(a.work or tempfile.mkdtemp(prefix="flowstate-warm-ab-"))
     work.mkdir(parents=True, exist_ok=True)
-    if a.workload == "w2":
-        data, glob, prefix = work / "indexed", "corpus.*", "w2"
-        if not data.exists():
-            data.mkdir(parents=True)
-            run(first, ["gen", "indexed", "--out", str(data / "corpus"), "--docs", str(a.docs)], {})
-        local_paths, s3_paths = str(data / "corpus.idx"), "s3://bucket/w2/corpus"
-    else:
-        data, glob, prefix = work / "records", "part-*.bin", "w1"
-        if not data.exists():
-            run(first, ["gen", "records", "--out", str(data), "--records",
-                        str(a.mib * (1 << 20) // RECORD_BYTES), "--record-bytes",
-                        str(RECORD_BYTES), "--shards", str(SHARDS)], {})
-        local_paths, s3_paths = str(data / "part-*.bin"), "s3://bucket/w1/part-*.bin"
-    total = sum(f.stat().st_size for f in data.glob(glob) if not f.name.endswith(".fsidx"))
+    ds = DataSet(first, work, a.workload, a.mib, a.docs)
+    data, glob, prefix = ds.dir, ds.glob, ds.prefix
+    total = ds.bytes()
     if a.refresh:
         # The page cache keeps a file in folios the size of the writes that made it, and reads
         # a dropped one back in 4 KiB folios (bench/RESULTS.md): a download writes 2 MiB pieces.
-        for f in data.glob(glob):
-            if f.name.endswith(".fsidx"):
-                continue
+        for f in ds.files():
             tmp = f.with_name(f.name + ".refresh")
             with open(f, "rb") as src, open(tmp, "wb") as dst:
                 while chunk := src.read(2 << 20):
@@ -122,19 +95,8 @@ def main():
         for name in clis:
             shutil.rmtree(work / f"cache-{name}", ignore_errors=True)
 
-    def yaml(paths, name):
-        p = work / f"{a.workload}-{name}.yaml"
-        if a.workload == "w2":
-            p.write_text(f'seed: 1234\nsource: {{type: indexed, paths: "{paths}", '
-                         'field: tokens}\nnodes:\n  - shuffle: {mode: global}\n'
-                         '  - pack: {length: 2048, separator: 0}\n  - batch: {size: 8}\n')
-        else:
-            p.write_text(f'seed: 1\nsource: {{type: records, paths: "{paths}", '
-                         f'record_bytes: {RECORD_BYTES}}}\n'
-                         'nodes:\n  - shuffle: {mode: global}\n  - batch: {size: 256}\n')
-        return str(p)
-
-    local_yaml, s3_yaml = yaml(local_paths, "local"), yaml(s3_paths, "s3")
+    local_yaml = str(ds.yaml(work / f"{a.workload}-local.yaml", ds.local_paths))
+    s3_yaml = str(ds.yaml(work / f"{a.workload}-s3.yaml", ds.s3_paths))
     s3 = S3Server(work / "s3").start()
     try:
         s3.upload_dir(data, prefix, glob)
@@ -169,8 +131,7 @@ def main():
                       flush=True)
         print(f"\n{a.workload}: {total / (1 << 20):.0f} MiB, {a.rounds} rounds, "
               f"run args {a.run_args}, load {os.getloadavg()[0]:.1f}; medians:")
-        local_files = [f for f in data.glob(glob) if not f.name.endswith(".fsidx")]
-        share = huge_folio_share(local_files)
+        share = huge_folio_share(ds.files())
         if share is not None:
             print(f"  pages in 2 MiB folios: local files {100 * share:.0f}%, " + ", ".join(
                 f"{name}'s cache {100 * huge_folio_share(sorted((work / f'cache-{name}').glob('objects/*.obj'))):.0f}%"
