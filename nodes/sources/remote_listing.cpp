@@ -166,6 +166,38 @@ std::string error_message(char kind, const std::exception& e) {
   }
 }
 
+/// What rank 0 makes (`make`), for every rank of a job: rank 0 sends "L" and encode()'s text of
+/// it — or its error, which every rank then raises as its own, naming `shown` — and the other
+/// ranks decode() the text. Rank 0 answers whatever happens: the others wait in the all_gather.
+template <class T, class Make, class Encode, class Decode>
+T from_rank0(Coordinator& coordinator, const std::string& shown, Make make, Encode encode,
+             Decode decode) {
+  if (coordinator.rank() == 0) {
+    T out{};
+    std::string message;
+    std::exception_ptr error;
+    try {
+      out = make();
+      message = "L" + encode(out);
+    } catch (const DataError& e) {
+      message = error_message('D', e), error = std::current_exception();
+    } catch (const ConfigError& e) {
+      message = error_message('C', e), error = std::current_exception();
+    } catch (const CheckpointError& e) {
+      message = error_message('K', e), error = std::current_exception();
+    } catch (const std::exception& e) {
+      message = error_message('E', e), error = std::current_exception();
+    }
+    coordinator.all_gather(message);
+    if (error) std::rethrow_exception(error);
+    return out;
+  }
+  const std::vector<std::string> all = coordinator.all_gather("");
+  const std::string& from0 = all.at(0);
+  if (from0.empty() || from0[0] != 'L') throw_rank0_error(from0.empty() ? "E" : from0, shown);
+  return decode(from0.substr(1));
+}
+
 }  // namespace
 
 ListingScope::ListingScope(ListingContext context)
@@ -281,29 +313,13 @@ std::vector<RemoteObject> job_listing(const std::string& pattern, const RemoteSe
   Coordinator* coordinator = ctx != nullptr ? ctx->coordinator : nullptr;
   if (coordinator == nullptr || coordinator->world() <= 1) {
     objects = list_here(ctx, pattern, settings);
-  } else if (coordinator->rank() == 0) {
-    // Rank 0 answers whatever happens: the other ranks wait in the all_gather for it.
-    std::string message;
-    std::exception_ptr error;
-    try {
-      objects = list_here(ctx, pattern, settings);
-      message = "L" + encode_listing(pattern, objects);
-    } catch (const DataError& e) {
-      message = error_message('D', e), error = std::current_exception();
-    } catch (const ConfigError& e) {
-      message = error_message('C', e), error = std::current_exception();
-    } catch (const CheckpointError& e) {
-      message = error_message('K', e), error = std::current_exception();
-    } catch (const std::exception& e) {
-      message = error_message('E', e), error = std::current_exception();
-    }
-    coordinator->all_gather(message);
-    if (error) std::rethrow_exception(error);
   } else {
-    const std::vector<std::string> all = coordinator->all_gather("");
-    const std::string& from0 = all.at(0);
-    if (from0.empty() || from0[0] != 'L') throw_rank0_error(from0.empty() ? "E" : from0, pattern);
-    objects = decode_listing(from0.substr(1), pattern, settings, "rank 0's listing of " + key);
+    objects = from_rank0<std::vector<RemoteObject>>(
+        *coordinator, pattern, [&] { return list_here(ctx, pattern, settings); },
+        [&](const std::vector<RemoteObject>& o) { return encode_listing(pattern, o); },
+        [&](const std::string& text) {
+          return decode_listing(text, pattern, settings, "rank 0's listing of " + key);
+        });
   }
   if (ctx != nullptr && ctx->memo) {
     std::lock_guard lock(ctx->memo->mu);
@@ -480,37 +496,28 @@ std::vector<ObjectFacts> job_object_facts(
   Coordinator* coordinator = ctx != nullptr ? ctx->coordinator : nullptr;
   if (coordinator == nullptr || coordinator->world() <= 1) {
     out = facts_here(ctx, kind, objects, known, compute);
-  } else if (coordinator->rank() == 0) {
-    std::string message;
-    std::exception_ptr error;
-    try {
-      out = facts_here(ctx, kind, objects, known, compute);
-      std::vector<std::pair<RemoteObject, ObjectFacts>> entries;
-      for (std::size_t i = 0; i < objects.size(); ++i) entries.emplace_back(objects[i], out[i]);
-      message = "L" + encode_facts(kind, entries);
-    } catch (const DataError& e) {
-      message = error_message('D', e), error = std::current_exception();
-    } catch (const ConfigError& e) {
-      message = error_message('C', e), error = std::current_exception();
-    } catch (const CheckpointError& e) {
-      message = error_message('K', e), error = std::current_exception();
-    } catch (const std::exception& e) {
-      message = error_message('E', e), error = std::current_exception();
-    }
-    coordinator->all_gather(message);
-    if (error) std::rethrow_exception(error);
   } else {
-    const std::vector<std::string> all = coordinator->all_gather("");
-    const std::string& from0 = all.at(0);
-    if (from0.empty() || from0[0] != 'L') throw_rank0_error(from0.empty() ? "E" : from0, shown);
-    const auto got = decode_facts(from0.substr(1), kind, "rank 0's object facts");
-    for (std::size_t i = 0; i < objects.size(); ++i) {
-      const auto it = got.find(fact_key(kind, objects[i]));
-      if (it == got.end())
-        throw CheckpointError(objects[i].url, "rank 0's object facts lack '" + objects[i].url +
-                                                  "': the ranks listed other objects");
-      out[i] = it->second.second;
-    }
+    out = from_rank0<std::vector<ObjectFacts>>(
+        *coordinator, shown, [&] { return facts_here(ctx, kind, objects, known, compute); },
+        [&](const std::vector<ObjectFacts>& facts) {
+          std::vector<std::pair<RemoteObject, ObjectFacts>> entries;
+          for (std::size_t i = 0; i < objects.size(); ++i)
+            entries.emplace_back(objects[i], facts[i]);
+          return encode_facts(kind, entries);
+        },
+        [&](const std::string& text) {
+          const auto got = decode_facts(text, kind, "rank 0's object facts");
+          std::vector<ObjectFacts> facts(objects.size());
+          for (std::size_t i = 0; i < objects.size(); ++i) {
+            const auto it = got.find(fact_key(kind, objects[i]));
+            if (it == got.end())
+              throw CheckpointError(objects[i].url, "rank 0's object facts lack '" +
+                                                        objects[i].url +
+                                                        "': the ranks listed other objects");
+            facts[i] = it->second.second;
+          }
+          return facts;
+        });
   }
   if (ctx != nullptr && ctx->memo) {
     std::lock_guard lock(ctx->memo->mu);
