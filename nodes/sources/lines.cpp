@@ -272,17 +272,8 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
         remote, options_.lookahead, resolve_cache_settings(&settings),
         resolve_remote_settings(&settings),
         [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); });
-    facts = job_object_facts(kind, remote, [&](const std::vector<std::size_t>& missing) {
-      // Each file read once, in order (the window downloads ahead meanwhile), and let go.
-      std::vector<ObjectFacts> out;
-      for (const std::size_t k : missing) {
-        const RemoteWindow::Copy copy = window_->open(k);
-        const auto* starts = static_cast<const std::vector<std::uint64_t>*>(copy.prepared.get());
-        const FileIdentity id = file_identity(remote[k].url, *copy.map, starts->size(), true);
-        out.push_back({.items = id.items, .blocks = id.blocks, .full = *id.full});
-      }
-      window_->rewind();
-      return out;
+    facts = window_object_facts(kind, remote, *window_, [](const void* prepared) {
+      return static_cast<const std::vector<std::uint64_t>*>(prepared)->size();  // line starts
     });
     for (std::size_t k = 0; k < facts.size(); ++k) expected_[k].store(facts[k].items);
   }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/remote_listing.h"
 #include "flowstate/nodes/sources/remote_options.h"
 
@@ -383,6 +384,22 @@ void RemoteWindow::download_ahead() {
       // Stored in the slot: the read that needs the file raises it.
     }
   }
+}
+
+std::vector<ObjectFacts> window_object_facts(
+    const std::string& kind, const std::vector<RemoteObject>& remote, RemoteWindow& window,
+    const std::function<std::uint64_t(const void*)>& items) {
+  return job_object_facts(kind, remote, [&](const std::vector<std::size_t>& missing) {
+    std::vector<ObjectFacts> out;
+    for (const std::size_t k : missing) {
+      const RemoteWindow::Copy copy = window.open(k);
+      const FileIdentity id =
+          file_identity(remote[k].url, *copy.map, items(copy.prepared.get()), true);
+      out.push_back({.items = id.items, .blocks = id.blocks, .full = *id.full});
+    }
+    window.rewind();
+    return out;
+  });
 }
 
 }  // namespace flowstate

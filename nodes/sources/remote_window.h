@@ -61,6 +61,7 @@
 
 #include "flowstate/nodes/sources/mapped_file.h"
 #include "flowstate/nodes/sources/object_cache.h"
+#include "flowstate/nodes/sources/remote_listing.h"
 #include "flowstate/nodes/sources/remote_store.h"
 
 namespace flowstate {
@@ -200,5 +201,14 @@ class RemoteWindow {
   bool stop_ = false;
   std::vector<std::thread> downloaders_;  ///< min(lookahead, connections) threads
 };
+
+/// The facts of `remote` (items, sampled blocks, full hash: remote_listing.h's ObjectFacts),
+/// once per job (job_object_facts, under `kind`), for a source that reads whole objects through
+/// `window`: the objects no rank or memo knows yet are read once, in order — the window
+/// downloads ahead meanwhile — their items counted by `items` from what the window's `prepare`
+/// made of the copy, and let go; the window is rewound after.
+std::vector<ObjectFacts> window_object_facts(
+    const std::string& kind, const std::vector<RemoteObject>& remote, RemoteWindow& window,
+    const std::function<std::uint64_t(const void*)>& items);
 
 }  // namespace flowstate

@@ -293,18 +293,8 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
     std::string kind =
         "tar/1 on_missing=" + std::string(missing_field_name(options_.on_missing)) + " fields=";
     for (const auto& f : options_.fields) kind += std::to_string(f.size()) + ":" + f;
-    facts = job_object_facts(kind, remote, [&](const std::vector<std::size_t>& missing) {
-      // Each shard read once, in order (the window downloads ahead meanwhile), and let go.
-      std::vector<ObjectFacts> out;
-      for (const std::size_t k : missing) {
-        const RemoteWindow::Copy copy = window_->open(k);
-        const auto* shard = static_cast<const Shard*>(copy.prepared.get());
-        const FileIdentity id =
-            file_identity(remote[k].url, *copy.map, shard->samples.size(), true);
-        out.push_back({.items = id.items, .blocks = id.blocks, .full = *id.full});
-      }
-      window_->rewind();
-      return out;
+    facts = window_object_facts(kind, remote, *window_, [](const void* prepared) {
+      return static_cast<const Shard*>(prepared)->samples.size();
     });
     for (std::size_t k = 0; k < facts.size(); ++k) expected_[k].store(facts[k].items);
   }
