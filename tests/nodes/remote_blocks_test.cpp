@@ -6,9 +6,6 @@
 // block whose download fails is a DataError naming the URL and the range. Downloads through
 // s3rver and nginx, the cache's peak and a resume after SIGKILL are
 // tests/python/test_remote_blocks.py.
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -29,6 +26,7 @@
 namespace flowstate {
 namespace {
 
+using testing::cache_copy_pinned;
 using testing::TempDir;
 
 RemoteObject unreachable(const std::string& name, std::uint64_t size) {
@@ -62,12 +60,7 @@ RemoteSettings fast_failing() {
 /// Whether some process holds block `k`'s copy pinned (a shared flock on it).
 bool pinned(const TempDir& dir, const RemoteObject& o, std::uint64_t block, std::uint64_t k) {
   const ByteRange r = block_range(o.size, block, k);
-  const std::string path = dir / ("objects/" + block_key(o, r.offset, r.length) + ".obj");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
-  ::close(fd);
-  return held;
+  return cache_copy_pinned(dir.path(), block_key(o, r.offset, r.length));
 }
 
 TEST(RemoteBlocks, BlockArithmetic) {

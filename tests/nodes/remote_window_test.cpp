@@ -7,9 +7,6 @@
 // reservation); what `prepare` makes of a copy comes with its bytes. Downloads through a real
 // server, the cache's peak and a resume after SIGKILL are tests/python/test_remote_window.py
 // and test_remote_lazy.py.
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -35,6 +32,7 @@
 namespace flowstate {
 namespace {
 
+using testing::cache_copy_pinned;
 using testing::TempDir;
 
 RemoteObject unreachable(const std::string& name, std::uint64_t size) {
@@ -61,12 +59,7 @@ RemoteSettings fast_failing() {
 
 /// Whether some process holds the copy of `o` pinned (a shared flock on it).
 bool pinned(const TempDir& dir, const RemoteObject& o) {
-  const std::string path = dir / ("objects/" + cache_key(o) + ".obj");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
-  ::close(fd);
-  return held;
+  return cache_copy_pinned(dir.path(), cache_key(o));
 }
 
 TEST(RemoteWindow, ALimitBelowTheLookAheadAndOneMoreIsAConfigErrorBeforeAnyRequest) {

@@ -1,6 +1,8 @@
 #include "tests/support/testing.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -10,6 +12,7 @@
 #include <thread>
 
 #include "flowstate/nodes/sources/records.h"
+#include "flowstate/serialization/atomic_file.h"
 
 namespace flowstate::testing {
 
@@ -128,6 +131,16 @@ void ConcurrencyProbe::call(std::chrono::microseconds work) {
   }
   std::this_thread::sleep_for(work);
   --now_;
+}
+
+bool cache_copy_pinned(const std::filesystem::path& cache_dir, const std::string& key) {
+  DirectoryLock lock((cache_dir / "lock").string());
+  const std::string path = (cache_dir / "objects" / (key + ".obj")).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+  ::close(fd);
+  return held;
 }
 
 }  // namespace flowstate::testing

@@ -85,4 +85,10 @@ class ConcurrencyProbe {
   std::atomic<int> now_{0}, most_{0};
 };
 
+/// Whether some process holds the copy `key` of the object cache in `cache_dir` pinned (a
+/// shared flock on objects/<key>.obj; nodes/sources/object_cache.h). Probes as the cache's own
+/// eviction does, with an exclusive flock under the cache's lock: a look-up, always under that
+/// lock, never meets the probe's exclusive flock and takes it for an eviction in progress.
+bool cache_copy_pinned(const std::filesystem::path& cache_dir, const std::string& key);
+
 }  // namespace flowstate::testing
