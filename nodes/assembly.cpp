@@ -463,20 +463,30 @@ Batch BatchAssembler::gather(BatchPlan& plan) const {
   const auto& refs = plan.info.refs;
   auto buffer = pool_->acquire(refs.size() * rb);
   auto* dst = static_cast<std::byte*>(buffer->data());
-  // Shuffled records are DRAM misses taken one at a time; asking for the record a few
-  // ahead overlaps them (bench/RESULTS.md: about +25% on W1).
-  constexpr std::size_t kAhead = 4;
-  constexpr std::size_t kLine = 64;
-  auto prefetch = [&](std::size_t i) {
-    const std::byte* p = store_->record(refs[i].record()).data();
-    // Large records stream sequentially; the hardware prefetcher takes it from there.
-    for (std::size_t off = 0; off < std::min<std::size_t>(rb, 4096); off += kLine)
-      __builtin_prefetch(p + off);
-  };
-  for (std::size_t i = 0; i < std::min(kAhead, refs.size()); ++i) prefetch(i);
-  for (std::size_t i = 0; i < refs.size(); ++i) {
-    if (i + kAhead < refs.size()) prefetch(i + kAhead);
+  auto copy = [&](std::size_t i) {
     std::memcpy(dst + i * rb, store_->record(refs[i].record()).data(), rb);
+  };
+  if (store_->stable_records()) {
+    // Shuffled records are DRAM misses taken one at a time; asking for the record a few
+    // ahead overlaps them (bench/RESULTS.md: about +25% on W1).
+    constexpr std::size_t kAhead = 4;
+    constexpr std::size_t kLine = 64;
+    auto prefetch = [&](std::size_t i) {
+      const std::byte* p = store_->record(refs[i].record()).data();
+      // Large records stream sequentially; the hardware prefetcher takes it from there.
+      for (std::size_t off = 0; off < std::min<std::size_t>(rb, 4096); off += kLine)
+        __builtin_prefetch(p + off);
+    };
+    for (std::size_t i = 0; i < std::min(kAhead, refs.size()); ++i) prefetch(i);
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      if (i + kAhead < refs.size()) prefetch(i + kAhead);
+      copy(i);
+    }
+  } else {
+    // A read may download its block, and its bytes last until this thread's next read: one
+    // read a record, in order. (Reading ahead to prefetch, then again to copy, read each
+    // block twice, and let a cache planned for one read evict it between the two.)
+    for (std::size_t i = 0; i < refs.size(); ++i) copy(i);
   }
   Batch batch;
   batch.fields.set(store_->record_field(), Tensor(std::move(buffer), 0, DType::kUInt8,

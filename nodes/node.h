@@ -218,8 +218,15 @@ class RecordStore {
   virtual ~RecordStore() = default;
   /// Bytes per record when every record has the same size, else 0.
   virtual std::size_t record_bytes() const = 0;
-  /// The bytes of one record; valid while the source lives.
+  /// The bytes of one record: valid while the source lives, or, where stable_records() is
+  /// false, until the calling thread's next record().
   virtual std::span<const std::byte> record(const Ref& ref) const = 0;
+  /// True when record()'s bytes stay valid while the source lives (mapped files): a reader may
+  /// look at records ahead of the one it copies (a prefetch). False when a record() may wait
+  /// for a download and its bytes last until the thread's next read (a remote source reading
+  /// by blocks through a cache smaller than its objects, nodes/sources/remote_blocks.h): then
+  /// each record is read once, in order, as the reads planned for the cache counted them.
+  virtual bool stable_records() const { return true; }
   /// Reads one record into `sample`'s fields (a copy: maps may modify it in place).
   virtual void read(const Ref& ref, Sample& sample) const = 0;
   /// The field a fixed-size record lands in when gathered straight into a batch.

@@ -205,6 +205,8 @@ class IndexedSource final : public FileSource, public ReadPlanner {
 
   std::size_t record_bytes() const override { return 0; }
   std::span<const std::byte> record(const Ref& ref) const override;
+  /// False while remote files are read by blocks that the cache does not hold all of.
+  bool stable_records() const override { return !blocks_ || blocks_->holds_all(); }
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
   /// The tokens of `ref` in the mapped .bin, found from the index alone (O(1), no .bin read).

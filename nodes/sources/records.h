@@ -81,6 +81,8 @@ class RecordsSource final : public FileSource, public ReadPlanner {
 
   std::size_t record_bytes() const override { return options_.record_bytes; }
   std::span<const std::byte> record(const Ref& ref) const override;
+  /// False while remote files are read by blocks that the cache does not hold all of.
+  bool stable_records() const override { return !blocks_ || blocks_->holds_all(); }
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
   /// True when some files are remote and RemoteBlocks plans (RemoteBlocks::plans).

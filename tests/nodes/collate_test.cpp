@@ -1,10 +1,15 @@
-// The batch node's collation of variable-size fields: padding and ragged, and user values.
+// The batch node's collation of variable-size fields: padding and ragged, and user values; and
+// its gather of fixed-size records, read ahead only where their bytes stay valid.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
+#include <map>
 
+#include "flowstate/core/buffer.h"
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/nodes/assembly.h"
 #include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
@@ -248,6 +253,57 @@ TEST_F(CollateTest, FieldsWrittenIntoTheirSlotsEqualCopiedOnes) {
         .build();
   };
   testing::expect_save_restore(make, {.epochs = 2, .workers = 1}, {.epochs = 2, .workers = 2});
+}
+
+/// Fixed-size records whose bytes last until the calling thread's next record(), as a remote
+/// source's blocks read through a small cache do: each call overwrites one buffer.
+class OneSpanStore final : public RecordStore {
+ public:
+  explicit OneSpanStore(bool stable) : stable_(stable) {}
+  std::size_t record_bytes() const override { return 16; }
+  std::span<const std::byte> record(const Ref& ref) const override {
+    ++reads_[ref.index];
+    thread_local std::array<std::byte, 16> buffer;
+    buffer.fill(static_cast<std::byte>(ref.index));
+    return buffer;
+  }
+  void read(const Ref&, Sample&) const override { ADD_FAILURE() << "read() is not the gather"; }
+  FieldId record_field() const override { return field_id("data"); }
+  bool stable_records() const override { return stable_; }
+  std::map<std::uint64_t, int>& reads() const { return reads_; }
+
+ private:
+  bool stable_;
+  mutable std::map<std::uint64_t, int> reads_;
+};
+
+TEST(GatherTest, RecordsThatLastUntilTheNextReadAreEachReadOnceInOrder) {
+  OneSpanStore store(/*stable=*/false);
+  BatchAssembler assembler(&store, "remote", {.size = 8}, {}, {}, BufferPool::host());
+  BatchPlan plan;
+  for (std::uint64_t i : {5, 3, 9, 1, 7, 2, 8, 6}) plan.info.refs.push_back({0, 0, i});
+  plan.info.num_samples = 8;
+  const Batch b = assembler.assemble(std::move(plan));
+  ASSERT_EQ(b["data"].shape(), (Shape{8, 16}));
+  const auto* bytes = static_cast<const std::uint8_t*>(b["data"].data());
+  const std::vector<std::uint8_t> order{5, 3, 9, 1, 7, 2, 8, 6};
+  for (std::size_t r = 0; r < 8; ++r)
+    for (std::size_t j = 0; j < 16; ++j) ASSERT_EQ(bytes[r * 16 + j], order[r]) << r;
+  // No read ahead: each record is read once, as a plan of the cache's reads counted it.
+  for (const auto& [index, n] : store.reads()) EXPECT_EQ(n, 1) << "record " << index;
+  EXPECT_EQ(store.reads().size(), 8u);
+}
+
+TEST(GatherTest, StableRecordsAreReadAheadAndGiveTheSameBatch) {
+  OneSpanStore store(/*stable=*/true);  // (it lies: the look-ahead's reads are prefetches only)
+  BatchAssembler assembler(&store, "local", {.size = 8}, {}, {}, BufferPool::host());
+  BatchPlan plan;
+  for (std::uint64_t i = 0; i < 8; ++i) plan.info.refs.push_back({0, 0, i});
+  plan.info.num_samples = 8;
+  const Batch b = assembler.assemble(std::move(plan));
+  const auto* bytes = static_cast<const std::uint8_t*>(b["data"].data());
+  for (std::size_t r = 0; r < 8; ++r) ASSERT_EQ(bytes[r * 16 + 15], r);
+  EXPECT_EQ(store.reads().at(7), 2);  // ahead, then the copy
 }
 
 }  // namespace
