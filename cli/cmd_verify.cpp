@@ -13,13 +13,14 @@ constexpr const char* kUsage =
     "usage: flowstate verify PIPELINE.yaml --steps N [--trials T] [--seed S] [options]\n\n"
     "Runs the pipeline uninterrupted for N steps, then T times: checkpoints it at a random\n"
     "step k through real checkpoint files, restores the checkpoint into a new loader\n"
-    "(with 1, 3 or 2 workers in turn) and runs it on to step N, comparing every batch with\n"
-    "the uninterrupted run. Prints every mismatch; exit status 1 when there is one.\n\n"
+    "(with 1, 3, 2 workers, then inline, in turn) and runs it on to step N, comparing every\n"
+    "batch with the uninterrupted run. Prints every mismatch; exit status 1 when there is one.\n\n"
     "  --steps N          batches of the reference run (required)\n"
     "  --trials T         restores to check (default 5)\n"
     "  --seed S           seed choosing the restore steps (default 1)\n"
     "  --epochs E         epochs (default: the pipeline's)\n"
-    "  --workers W        workers of the reference run (default: the pipeline's)\n"
+    "  --workers W        workers of the reference run: N, auto or inline (default: the\n"
+    "                     pipeline's)\n"
     "  --set KEY=VALUE    override a pipeline value (repeatable)\n"
     "  --mix-weights S:NODE=W,W  from step S on, mix NODE draws with weights W,W, in every\n"
     "                     run compared (repeatable; as `flowstate run`'s)\n"
@@ -43,7 +44,7 @@ int cmd_verify(std::span<const std::string> argv) {
 
   const PipelineConfig config = load_pipeline_on_host(args.positional()[0], args.values("--set"));
   options.epochs = args.uint("--epochs").value_or(config.epochs);
-  if (auto w = args.uint("--workers", 1, 1024)) options.workers = static_cast<int>(*w);
+  if (auto w = parse_workers(args)) options.workers = static_cast<int>(*w);
   options.mix_weights = mix_weights_flags(args);
   // Each line as soon as it is known: a long verify shows its progress.
   options.progress = [](const std::string& line) { std::printf("%s\n", line.c_str()); };

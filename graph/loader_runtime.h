@@ -53,8 +53,9 @@ class Loader::Runtime {
                      : max_workers_),
         depth_(auto_depth_ ? kAutoStartDepth : max_depth_),
         // Enough TBB threads for the workers plus the serial input and output nodes, also on
-        // small machines where the default pool would starve the graph.
-        lease_(static_cast<std::size_t>(max_workers_) + 2),
+        // small machines where the default pool would starve the graph. Inline: no graph and
+        // no TBB thread (a lease of 0 asks for nothing).
+        lease_(inline_ ? 0 : static_cast<std::size_t>(max_workers_) + 2),
         arena_(max_workers_ + 1, 0) {
     if (!inline_ && (auto_workers_ || auto_depth_)) {
       AutotuneLimits limits;

@@ -50,11 +50,15 @@ std::string reference_line(const VerifyReport& r) {
 void validate(const VerifyOptions& o) {
   if (o.steps == 0) throw ConfigError("steps", "steps must be at least 1");
   if (o.trials < 1) throw ConfigError("trials", "trials must be at least 1");
-  if (o.workers && *o.workers < 1) throw ConfigError("workers", "workers must be at least 1");
+  if (o.workers && *o.workers < 1 && *o.workers != static_cast<int>(kAuto) &&
+      *o.workers != static_cast<int>(kInline))
+    throw ConfigError("workers", "workers must be at least 1, auto (0) or inline (-1)");
   if (o.restore_workers.empty())
     throw ConfigError("restore_workers", "restore_workers needs at least one worker count");
   for (int w : o.restore_workers)
-    if (w < 1) throw ConfigError("restore_workers", "every restore_workers count must be >= 1");
+    if (w < 1 && w != static_cast<int>(kInline))
+      throw ConfigError("restore_workers",
+                        "every restore_workers count must be >= 1 or inline (-1)");
 }
 
 }  // namespace
@@ -77,9 +81,13 @@ std::string VerifyMismatch::describe() const {
 std::string VerifyTrial::describe() const {
   const std::string result = mismatches == 0 ? std::to_string(compared) + " batches identical"
                                              : std::to_string(mismatches) + " mismatches";
+  const std::string how =
+      workers == static_cast<int>(kInline)
+          ? "inline"
+          : "with " + std::to_string(workers) + " worker" + (workers == 1 ? "" : "s");
   return "trial " + std::to_string(number) + ": checkpoint after " +
-         std::to_string(restored_after) + " batches (" + checkpoint + "), restored with " +
-         std::to_string(workers) + " worker" + (workers == 1 ? "" : "s") + ": " + result;
+         std::to_string(restored_after) + " batches (" + checkpoint + "), restored " + how + ": " +
+         result;
 }
 
 std::string VerifyReport::summary() const {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "flowstate/graph/pipeline.h"
+#include "flowstate/nodes/params.h"
 #include "flowstate/tools/mix_weights.h"
 
 namespace flowstate {
@@ -43,13 +44,14 @@ struct VerifyOptions {
   std::uint64_t seed = 1;
   /// LoaderOptions::epochs of every run; unset: LoaderOptions' default (1).
   std::optional<std::uint64_t> epochs;
-  /// Workers of the reference run and of the run that writes the checkpoints (>= 1); unset:
-  /// the pipeline's.
+  /// Workers of the reference run and of the run that writes the checkpoints (>= 1, or
+  /// LoaderOptions::workers' auto and inline); unset: the pipeline's.
   std::optional<int> workers;
   /// Workers of the restored runs, in turn: trial t (1-based) uses
   /// restore_workers[(t - 1) % size]. Worker counts are free, so any must give the same
-  /// batches. Not empty; each >= 1.
-  std::vector<int> restore_workers = {1, 3, 2};
+  /// batches. Not empty; each >= 1, or static_cast<int>(kInline) (-1: batches made on the
+  /// calling thread, LoaderOptions::workers' inline).
+  std::vector<int> restore_workers = {1, 3, 2, static_cast<int>(kInline)};
   /// Mix weights set while running (MixWeightsSchedule), the same in every run: the
   /// reference, the run that writes the checkpoints and each restored run.
   std::vector<MixWeightsAt> mix_weights;
@@ -114,7 +116,8 @@ struct VerifyReport {
 /// Runs the check described in the file comment. Writes its checkpoints under a fresh
 /// directory in the system temp dir, removed before it returns. Runs its Loaders one after
 /// another on the calling thread; `pipeline` is only read. Throws ConfigError when the
-/// options make no sense (steps 0, trials < 1, a worker count < 1, no restore_workers) or the
+/// options make no sense (steps 0, trials < 1, a worker count < 1 that is not auto or
+/// inline, no restore_workers) or the
 /// pipeline delivers no batch; CheckpointError when the directory cannot be created or a
 /// checkpoint just written does not verify; and what the Loader throws (ConfigError,
 /// DataError, CheckpointError). A mismatch is not an error: it is in the report.

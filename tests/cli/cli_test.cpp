@@ -1065,9 +1065,19 @@ TEST_F(Cli, VerifyProvesExactResume) {
       r.out, std::regex("trial 2: checkpoint after [0-9]+ batches \\(step-[0-9]{12}\\), restored "
                         "with 3 workers: [0-9]+ batches identical\n")))
       << r.out;
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex("trial 4: checkpoint after [0-9]+ batches \\(step-[0-9]{12}\\), restored "
+                        "inline: [0-9]+ batches identical\n")))
+      << r.out;
   EXPECT_EQ(r.err,
             "flowstate: verify ok: 4 restores reproduced the uninterrupted run exactly "
             "(--seed 3)\n");
+  // The reference run may be made inline too (or auto); a worker count of 0 is refused.
+  r = run({"verify", "p.yaml", "--steps", "40", "--trials", "2", "--workers", "inline"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(run({"verify", "p.yaml", "--steps", "40", "--trials", "2", "--workers", "auto"}).status,
+            0);
+  EXPECT_EQ(run({"verify", "p.yaml", "--steps", "4", "--workers", "0"}).status, 2);
 }
 
 TEST_F(Cli, SchemaListsEveryNodeAndTransform) {

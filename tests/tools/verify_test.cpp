@@ -68,7 +68,7 @@ TEST(Verify, PassesOnAFromRangePipelineWithLambdaMaps) {
   EXPECT_EQ(r.reference[13].index_in_epoch, 0u);
 
   ASSERT_EQ(r.trials.size(), 5u);
-  const int workers[] = {1, 3, 2, 1, 3};
+  const int workers[] = {1, 3, 2, static_cast<int>(kInline), 1};
   for (std::size_t i = 0; i < r.trials.size(); ++i) {
     const VerifyTrial& t = r.trials[i];
     EXPECT_EQ(t.number, static_cast<int>(i) + 1);
@@ -177,11 +177,12 @@ TEST(Verify, RejectsOptionsThatMakeNoSense) {
   };
   EXPECT_EQ(message({}), "steps: steps must be at least 1");
   EXPECT_EQ(message({.steps = 4, .trials = 0}), "trials: trials must be at least 1");
-  EXPECT_EQ(message({.steps = 4, .workers = 0}), "workers: workers must be at least 1");
+  EXPECT_EQ(message({.steps = 4, .workers = -2}),
+            "workers: workers must be at least 1, auto (0) or inline (-1)");
   EXPECT_EQ(message({.steps = 4, .restore_workers = {}}),
             "restore_workers: restore_workers needs at least one worker count");
   EXPECT_EQ(message({.steps = 4, .restore_workers = {2, 0}}),
-            "restore_workers: every restore_workers count must be >= 1");
+            "restore_workers: every restore_workers count must be >= 1 or inline (-1)");
 }
 
 }  // namespace
