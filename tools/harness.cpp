@@ -149,6 +149,7 @@ RunReport run_once(const Pipeline& pipeline, const BenchOptions& o, const std::s
   r.workers = after.workers;
   r.prefetch_depth = after.prefetch_depth;
   r.workers_auto = after.workers_auto;
+  r.workers_inline = after.workers_inline;
   r.prefetch_auto = after.prefetch_auto;
   r.autotune_changes = after.autotune_changes;
   r.peak_anon_bytes = std::max(peak_anon, anon_rss_bytes());
@@ -297,6 +298,7 @@ std::string to_json(const BenchReport& r) {
                     {"messages", run.messages},
                     {"workers", run.workers},
                     {"workers_auto", run.workers_auto},
+                    {"workers_inline", run.workers_inline},
                     {"prefetch_depth", run.prefetch_depth},
                     {"prefetch_auto", run.prefetch_auto},
                     {"autotune_changes", run.autotune_changes},
@@ -452,6 +454,15 @@ std::string bottleneck(const BenchReport& r) {
   const std::string name = node != nullptr ? node->name : busiest->name;
   const int pct = static_cast<int>(share * 100 + 0.5);
   const int stage_pct = static_cast<int>(busiest->utilization * 100 + 0.5);
+  if (run->workers_inline) {
+    // One thread plans, assembles and consumes: the busiest node's share is of that thread.
+    std::snprintf(line, sizeof(line),
+                  "bottleneck: %s — %d%% busy on the consumer's thread, which makes the batches "
+                  "(workers: inline; the consumer %d%% busy); worker threads (workers: N) would "
+                  "make them beside the consumer's own work",
+                  name.c_str(), pct, consumer_pct);
+    return line;
+  }
   if (busiest->utilization < kSaturated) {
     // Nothing works most of the time: no stage (nor the consumer) holds the others back.
     const std::string where =

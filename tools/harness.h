@@ -85,6 +85,7 @@ struct RunReport {
   int workers = 0;
   std::size_t prefetch_depth = 0;
   bool workers_auto = false, prefetch_auto = false;
+  bool workers_inline = false;         ///< `workers: inline`: batches made on the consumer's thread
   std::uint64_t autotune_changes = 0;  ///< settings the tuner changed in the whole run
   std::uint64_t peak_rss_bytes = 0;    ///< VmHWM during this run (reset before it when possible)
   std::uint64_t peak_anon_bytes = 0;   ///< largest RssAnon sampled during the run

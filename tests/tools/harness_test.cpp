@@ -59,6 +59,22 @@ TEST(BenchHarness, PassesOverADeliverStageWhereNoNodeWorks) {
             "bottleneck: device_copy — 90% busy in deliver (serial, 99% busy)");
 }
 
+TEST(BenchHarness, AnInlineRunsVerdictIsOfTheConsumersThread) {
+  // workers: inline: no worker would help; the stages share the consumer's one thread.
+  RunReport run;
+  run.workers_inline = true;
+  run.stages = {{.name = "spine", .concurrency = 1, .utilization = 0.16},
+                {.name = "assemble", .concurrency = 1, .utilization = 0.70},
+                {.name = "deliver", .concurrency = 1, .utilization = 0.0}};
+  run.nodes = {{.name = "shuffle", .stage = "spine", .spine_s = 0.3},
+               {.name = "pack", .stage = "spine", .spine_s = 1.3, .assemble_s = 6.7}};
+  run.consumer_busy_s = 1.0;  // of 10 s
+  EXPECT_EQ(bottleneck(report_of(run)),
+            "bottleneck: pack — 67% busy on the consumer's thread, which makes the batches "
+            "(workers: inline; the consumer 10% busy); worker threads (workers: N) would make "
+            "them beside the consumer's own work");
+}
+
 TEST(BenchHarness, PrintsOneVerdictAndATableOfEveryNode) {
   const std::string text = format_report(report_of(map_heavy_run()));
   for (const char* node : {"\nrecords ", "\nshuffle ", "\nmap:augment ", "\nbatch ", "\nconsumer "})
