@@ -70,7 +70,7 @@ Pipeline::Builder& Pipeline::Builder::seed(std::uint64_t seed) {
 }
 
 Pipeline::Builder& Pipeline::Builder::workers(int workers) {
-  if (workers < 1 && workers != static_cast<int>(kAuto) && workers != static_cast<int>(kInline))
+  if (!is_workers_setting(workers))
     throw ConfigError("workers", "workers must be at least 1 (or kAuto, or kInline)");
   p_.workers_ = workers;
   return *this;

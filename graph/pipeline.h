@@ -73,6 +73,13 @@ struct PlacementWords {
   bool mix_input = false;  ///< set by build_input
 };
 
+/// True for a `workers` setting as an int: a count >= 1, static_cast<int>(kAuto) (0) or
+/// static_cast<int>(kInline) (-1). Pipeline::Builder::workers, LoaderOptions' users (bench,
+/// verify) check their settings with it.
+inline bool is_workers_setting(int workers) {
+  return workers >= 1 || workers == static_cast<int>(kAuto) || workers == static_cast<int>(kInline);
+}
+
 /// An immutable, validated pipeline description.
 class Pipeline {
  public:

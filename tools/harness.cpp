@@ -198,8 +198,7 @@ BenchReport run_bench(const Pipeline& pipeline, const BenchOptions& options) {
   if (options.repeat < 1) throw ConfigError("repeat", "repeat must be at least 1");
   if (options.steps == 0 && options.epochs == 0)
     throw ConfigError("steps", "steps 0 (run to the end) needs a finite number of epochs");
-  if (options.workers && *options.workers < 1 && *options.workers != static_cast<int>(kAuto) &&
-      *options.workers != static_cast<int>(kInline))
+  if (options.workers && !is_workers_setting(*options.workers))
     throw ConfigError("workers", "workers must be at least 1 (or auto, or inline)");
 
   BenchReport report;

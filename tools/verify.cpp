@@ -50,8 +50,7 @@ std::string reference_line(const VerifyReport& r) {
 void validate(const VerifyOptions& o) {
   if (o.steps == 0) throw ConfigError("steps", "steps must be at least 1");
   if (o.trials < 1) throw ConfigError("trials", "trials must be at least 1");
-  if (o.workers && *o.workers < 1 && *o.workers != static_cast<int>(kAuto) &&
-      *o.workers != static_cast<int>(kInline))
+  if (o.workers && !is_workers_setting(*o.workers))
     throw ConfigError("workers", "workers must be at least 1, auto (0) or inline (-1)");
   if (o.restore_workers.empty())
     throw ConfigError("restore_workers", "restore_workers needs at least one worker count");

@@ -117,10 +117,10 @@ struct VerifyReport {
 /// directory in the system temp dir, removed before it returns. Runs its Loaders one after
 /// another on the calling thread; `pipeline` is only read. Throws ConfigError when the
 /// options make no sense (steps 0, trials < 1, a worker count < 1 that is not auto or
-/// inline, no restore_workers) or the
-/// pipeline delivers no batch; CheckpointError when the directory cannot be created or a
-/// checkpoint just written does not verify; and what the Loader throws (ConfigError,
-/// DataError, CheckpointError). A mismatch is not an error: it is in the report.
+/// inline, no restore_workers) or the pipeline delivers no batch; CheckpointError when the
+/// directory cannot be created or a checkpoint just written does not verify; and what the Loader
+/// throws (ConfigError, DataError, CheckpointError). A mismatch is not an error: it is in the
+/// report.
 VerifyReport verify(const Pipeline& pipeline, const VerifyOptions& options);
 
 }  // namespace flowstate
