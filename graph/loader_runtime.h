@@ -272,13 +272,16 @@ class Loader::Runtime {
   }
 
   /// `workers: inline`, on the consumer's thread: plans, assembles and delivers the next
-  /// batch to queue_ — what the graph's three nodes do, with no hand-off between threads.
+  /// batches to queue_ — what the graph's three nodes do, with no hand-off between threads.
+  /// Cheap batches are made a few at a time, as the graph groups them (group_size()), so that
+  /// the group's bookkeeping (its timers, messages and the queue's lock) is paid once for
+  /// them; at most kInlineGroupMax, whose batches stay in the core's cache until taken.
   void make_inline() {
     PlanMsg m;
     if (done_)
       m.end = true;
     else
-      m = plan_group(1);
+      m = plan_group(std::min(next_group_size(), kInlineGroupMax));
     deliver(assemble(m));
   }
 

@@ -99,6 +99,8 @@ inline std::size_t group_size(std::uint64_t batch_ns, std::uint64_t batch_bytes)
   if (batch_bytes > 0) k = std::min<std::uint64_t>(k, kGroupMaxBytes / batch_bytes);
   return static_cast<std::size_t>(std::clamp<std::uint64_t>(k, 1, kGroupMax));
 }
+/// The most batches `workers: inline` makes at once (Runtime::make_inline).
+inline constexpr std::size_t kInlineGroupMax = 8;
 
 /// Raises TBB's process-wide thread limit while any Loader needs more threads than the
 /// machine has cores. TBB applies the *smallest* of the active global_control limits, so all

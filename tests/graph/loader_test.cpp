@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "flowstate/core/error.h"
+#include "flowstate/graph/loader_runtime_parts.h"
 #include "flowstate/nodes/builtin.h"
 #include "tests/support/testing.h"
 
@@ -169,6 +170,29 @@ TEST_F(LoaderTest, InlineStatsAndStatesMoveToAndFromThreads) {
                                {.epochs = 2, .workers = 3});
   testing::expect_save_restore(make, {.epochs = 2, .workers = 2},
                                {.epochs = 2, .workers = kInlineWorkers});
+}
+
+TEST_F(LoaderTest, InlineMakesCheapBatchesAFewAtATime) {
+  // The consumer's thread plans, assembles and delivers cheap batches in groups of at most
+  // kInlineGroupMax (graph/loader_runtime_parts.h), as the graph groups them for its workers:
+  // the same batches, fewer messages.
+  auto make = [&] { return base().shuffle({.mode = ShuffleMode::kGlobal}).batch({.size = 10}); };
+  Loader threaded(make().build(), {.epochs = 2, .workers = 2});
+  const std::vector<BatchTrace> expected = drain(threaded);
+  Loader in(make().build(), {.epochs = 2, .workers = static_cast<int>(kInline)});
+  EXPECT_EQ(drain(in), expected);
+  const LoaderStats s = in.stats();
+  ASSERT_EQ(s.stages[0].items, 200u);  // plans
+  // Never more than kInlineGroupMax batches a message (the end travels with the last group).
+  EXPECT_GE(s.messages, 200u / loader_detail::kInlineGroupMax);
+  const double per_batch_us =
+      1e-3 * (static_cast<double>(s.stages[0].busy_ns) / static_cast<double>(s.stages[0].items) +
+              static_cast<double>(s.stages[1].busy_ns) / static_cast<double>(s.stages[1].items));
+  if (per_batch_us < 50)  // a group of 8 holds less than the 500 µs target
+    EXPECT_LT(s.messages, 100u) << "the cheap batches were made one by one: " << per_batch_us;
+  testing::expect_save_restore([&] { return make().build(); },
+                               {.epochs = 2, .workers = static_cast<int>(kInline)},
+                               {.epochs = 2, .workers = 2});
 }
 
 TEST_F(LoaderTest, RanksPartitionTheDataSet) {
