@@ -82,13 +82,10 @@ struct IndexedOptions {
         param("field", &O::field, {.doc = "name of the 1-D field (the file's dtype)"}),
         param("unit", &O::unit, {.doc = "a record is a document or a sequence"}),
         verify_param<O>(),
-        param("lookahead", &O::lookahead,
-              {.min = 1,
-               .free = true,
-               .doc = "blocks of a remote PREFIX.bin (s3://, http(s)://) held ahead of the "
-                      "reads, downloading in the background; the cache limit must hold the "
-                      ".idx files and this many blocks and one more",
-               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
+        lookahead_param<O>(
+            "blocks of a remote PREFIX.bin (s3://, http(s)://) held ahead of the reads, "
+            "downloading in the background; the cache limit must hold the .idx files and this "
+            "many blocks and one more"),
         cache_param<O>(),
         remote_param<O>(),
     };

@@ -261,22 +261,13 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
   const SourceRemote settings = source_remote("lines", options_);
   const std::vector<SourceFile> files =
       list_source_files(options_.paths, options_.base_dir, &settings);
-  std::vector<RemoteObject> remote;
-  for (const auto& file : files)
-    if (file.remote) remote.push_back(*file.remote);
-  std::vector<ObjectFacts> facts;
-  if (!remote.empty()) {
-    expected_ = std::vector<std::atomic<std::uint64_t>>(remote.size());
-    for (auto& e : expected_) e.store(kUnknown);
-    window_ = std::make_unique<RemoteWindow>(
-        remote, options_.lookahead, resolve_cache_settings(&settings),
-        resolve_remote_settings(&settings),
-        [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); });
-    facts = window_object_facts(kind, remote, *window_, [](const void* prepared) {
-      return static_cast<const std::vector<std::uint64_t>*>(prepared)->size();  // line starts
-    });
-    for (std::size_t k = 0; k < facts.size(); ++k) expected_[k].store(facts[k].items);
-  }
+  const std::vector<ObjectFacts> facts = open_remote_files(
+      files, settings, options_.lookahead,
+      [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); }, kind,
+      [](const void* prepared) {
+        return static_cast<const std::vector<std::uint64_t>*>(prepared)->size();  // line starts
+      },
+      window_, expected_);
   std::size_t r = 0;
   for (const auto& file : files) {
     if (file.remote) {
@@ -306,7 +297,7 @@ std::shared_ptr<const std::vector<std::uint64_t>> LinesSource::prepare_remote(
   auto starts =
       std::make_shared<std::vector<std::uint64_t>>(scan_lines(copy, options_.skip_empty).entries);
   const std::uint64_t want = expected_[k].load();
-  if (want != kUnknown && starts->size() != want) {
+  if (want != kItemsUnknown && starts->size() != want) {
     const RemoteObject& o = window_->objects()[k];
     throw DataError(o.url, DataError::kNoOffset,
                     "'" + o.url + "' holds " + std::to_string(starts->size()) + " lines, not the " +

@@ -90,11 +90,7 @@ struct LinesOptions {
               {.doc = "jsonl: top-level keys read into fields of the same name",
                .default_doc = "none: the whole line in `field`"}),
         verify_param<O>(),
-        param("lookahead", &O::lookahead,
-              {.min = 1,
-               .free = true,
-               .doc = kLookaheadDoc,
-               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
+        lookahead_param<O>(),
         cache_param<O>(),
         remote_param<O>(),
     };
@@ -165,9 +161,8 @@ class LinesSource final : public FileSource {
   /// (a remote file's: empty; the window keeps it with the copy).
   std::vector<std::vector<std::uint64_t>> starts_;
   std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
-  /// Per remote object its lines as the job's facts say (kUnknown until they are known).
+  /// Per remote object its lines as the job's facts say (kItemsUnknown until they are known).
   std::vector<std::atomic<std::uint64_t>> expected_;
-  static constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
   std::unique_ptr<RemoteWindow> window_;  ///< the remote files; null when there are none
 };
 

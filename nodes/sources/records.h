@@ -52,11 +52,7 @@ struct RecordsOptions {
               {.min = 1, .required = true, .doc = "bytes per record"}),
         param("field", &O::field, {.doc = "name of the uint8 [record_bytes] field of each sample"}),
         verify_param<O>(),
-        param("lookahead", &O::lookahead,
-              {.min = 1,
-               .free = true,
-               .doc = kLookaheadDoc,
-               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
+        lookahead_param<O>(),
         cache_param<O>(),
         remote_param<O>(),
     };

@@ -22,6 +22,7 @@
 //            remote: {endpoint: "http://127.0.0.1:9000", region: eu-west-1, profile: lab}}
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -135,6 +136,23 @@ struct RemoteOptions {
   }
 };
 
+/// The default of a source's `lookahead` option: files downloaded ahead of the reads.
+inline constexpr std::size_t kDefaultLookahead = 8;
+/// The doc of a source's `lookahead` option.
+inline constexpr const char* kLookaheadDoc =
+    "remote files (s3://, http(s)://) held ahead of the reads, downloading in the background "
+    "(blocks, when the source reads them by range); the cache limit must hold this many files "
+    "(blocks) and one more";
+
+/// The `lookahead` row of a file source's options table (`O::lookahead`; free), described when
+/// not kDefaultLookahead; `doc` where the source's reads differ from kLookaheadDoc's.
+template <class O>
+constexpr auto lookahead_param(const char* doc = kLookaheadDoc) {
+  return param("lookahead", &O::lookahead,
+               {.min = 1, .free = true, .doc = doc, .describe_if = [](const O& o) {
+                  return o.lookahead != kDefaultLookahead;
+                }});
+}
 /// The `cache` row of a file source's options table (`O::cache`, a CacheOptions; free).
 template <class O>
 constexpr auto cache_param() {

@@ -402,4 +402,23 @@ std::vector<ObjectFacts> window_object_facts(
   });
 }
 
+std::vector<ObjectFacts> open_remote_files(const std::vector<SourceFile>& files,
+                                           const SourceRemote& settings, std::size_t lookahead,
+                                           RemoteWindow::Prepare prepare, const std::string& kind,
+                                           const std::function<std::uint64_t(const void*)>& items,
+                                           std::unique_ptr<RemoteWindow>& window,
+                                           std::vector<std::atomic<std::uint64_t>>& expected) {
+  std::vector<RemoteObject> remote;
+  for (const auto& file : files)
+    if (file.remote) remote.push_back(*file.remote);
+  if (remote.empty()) return {};
+  expected = std::vector<std::atomic<std::uint64_t>>(remote.size());
+  for (auto& e : expected) e.store(kItemsUnknown);
+  window = std::make_unique<RemoteWindow>(remote, lookahead, resolve_cache_settings(&settings),
+                                          resolve_remote_settings(&settings), std::move(prepare));
+  std::vector<ObjectFacts> facts = window_object_facts(kind, remote, *window, items);
+  for (std::size_t k = 0; k < facts.size(); ++k) expected[k].store(facts[k].items);
+  return facts;
+}
+
 }  // namespace flowstate

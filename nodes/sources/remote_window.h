@@ -46,6 +46,7 @@
 //   const std::byte* bytes = window.data(0);  // valid on this thread until its next data()
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -80,14 +81,6 @@ struct SourceFile {
 std::vector<SourceFile> list_source_files(const std::vector<std::string>& patterns,
                                           const std::filesystem::path& base_dir = {},
                                           const SourceRemote* remote = nullptr);
-
-/// The default of a source's `lookahead` option: files downloaded ahead of the reads.
-inline constexpr std::size_t kDefaultLookahead = 8;
-/// The doc of a source's `lookahead` option.
-inline constexpr const char* kLookaheadDoc =
-    "remote files (s3://, http(s)://) held ahead of the reads, downloading in the background "
-    "(blocks, when the source reads them by range); the cache limit must hold this many files "
-    "(blocks) and one more";
 
 struct WindowBudget;
 
@@ -210,5 +203,21 @@ class RemoteWindow {
 std::vector<ObjectFacts> window_object_facts(
     const std::string& kind, const std::vector<RemoteObject>& remote, RemoteWindow& window,
     const std::function<std::uint64_t(const void*)>& items);
+
+/// An object's item count not known yet (open_remote_files).
+inline constexpr std::uint64_t kItemsUnknown = ~std::uint64_t{0};
+
+/// What a source that reads whole remote files through a window (lines, tar) sets up when it
+/// opens, for the remote ones among `files` (none: nothing is made and no facts returned).
+/// `expected` gets each object's item count, kItemsUnknown (which `prepare` may read) while
+/// window_object_facts under `kind` counts the ones no rank or memo knows yet (`items`), then
+/// the facts'; `window` reads them, `lookahead` ahead, with `settings`' cache and remote
+/// options. Returns the facts, one per remote file in order.
+std::vector<ObjectFacts> open_remote_files(const std::vector<SourceFile>& files,
+                                           const SourceRemote& settings, std::size_t lookahead,
+                                           RemoteWindow::Prepare prepare, const std::string& kind,
+                                           const std::function<std::uint64_t(const void*)>& items,
+                                           std::unique_ptr<RemoteWindow>& window,
+                                           std::vector<std::atomic<std::uint64_t>>& expected);
 
 }  // namespace flowstate

@@ -278,26 +278,15 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
   const SourceRemote settings = source_remote("tar", options_);
   const std::vector<SourceFile> files =
       list_source_files(options_.paths, options_.base_dir, &settings);
-  std::vector<RemoteObject> remote;
-  for (const auto& file : files)
-    if (file.remote) remote.push_back(*file.remote);
-  std::vector<ObjectFacts> facts;
-  if (!remote.empty()) {
-    expected_ = std::vector<std::atomic<std::uint64_t>>(remote.size());
-    for (auto& e : expected_) e.store(kUnknown);
-    window_ = std::make_unique<RemoteWindow>(
-        remote, options_.lookahead, resolve_cache_settings(&settings),
-        resolve_remote_settings(&settings),
-        [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); });
-    // What a shard's samples are depends on `fields` and `on_missing`: the kind says both.
-    std::string kind =
-        "tar/1 on_missing=" + std::string(missing_field_name(options_.on_missing)) + " fields=";
-    for (const auto& f : options_.fields) kind += std::to_string(f.size()) + ":" + f;
-    facts = window_object_facts(kind, remote, *window_, [](const void* prepared) {
-      return static_cast<const Shard*>(prepared)->samples.size();
-    });
-    for (std::size_t k = 0; k < facts.size(); ++k) expected_[k].store(facts[k].items);
-  }
+  // What a shard's samples are depends on `fields` and `on_missing`: the kind says both.
+  std::string kind =
+      "tar/1 on_missing=" + std::string(missing_field_name(options_.on_missing)) + " fields=";
+  for (const auto& f : options_.fields) kind += std::to_string(f.size()) + ":" + f;
+  const std::vector<ObjectFacts> facts = open_remote_files(
+      files, settings, options_.lookahead,
+      [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); }, kind,
+      [](const void* prepared) { return static_cast<const Shard*>(prepared)->samples.size(); },
+      window_, expected_);
   std::size_t r = 0;
   for (const auto& file : files) {
     if (file.remote) {
@@ -338,7 +327,7 @@ std::shared_ptr<const TarSource::Shard> TarSource::prepare_remote(std::size_t k,
     throw DataError(o.url, e.offset(), what);
   }
   const std::uint64_t want = expected_[k].load();
-  if (want != kUnknown && shard->samples.size() != want)
+  if (want != kItemsUnknown && shard->samples.size() != want)
     throw DataError(o.url, DataError::kNoOffset,
                     "'" + o.url + "' holds " + std::to_string(shard->samples.size()) +
                         " samples, not the " + std::to_string(want) +

@@ -89,11 +89,7 @@ struct TarOptions {
         param("on_missing", &O::on_missing,
               {.doc = "a sample lacking one of `fields`: error (when the source opens) or skip"}),
         verify_param<O>(),
-        param("lookahead", &O::lookahead,
-              {.min = 1,
-               .free = true,
-               .doc = kLookaheadDoc,
-               .describe_if = [](const O& o) { return o.lookahead != kDefaultLookahead; }}),
+        lookahead_param<O>(),
         cache_param<O>(),
         remote_param<O>(),
     };
@@ -178,10 +174,9 @@ class TarSource final : public FileSource {
   std::vector<FieldId> field_ids_;   ///< the ids of options_.fields
   std::vector<Shard> shards_;        ///< per file; a remote file's is empty
   std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
-  /// Per remote object its samples as the job's facts say (kUnknown until they are known):
-  /// read by prepare_remote on the window's threads.
+  /// Per remote object its samples as the job's facts say (kItemsUnknown until they are
+  /// known): read by prepare_remote on the window's threads.
   std::vector<std::atomic<std::uint64_t>> expected_;
-  static constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
   std::unique_ptr<RemoteWindow> window_;  ///< the remote shards; null when there are none
 };
 
