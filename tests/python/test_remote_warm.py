@@ -78,6 +78,13 @@ def counts(proxy, since):
     return lists, len(seen) - lists
 
 
+def requests_of_run(tmp, yaml, env, proxy, want):
+    """Runs `yaml` with `env`, checks its digests are `want`; the (list, GET) requests it made."""
+    start = len(proxy.requests)
+    assert digests(tmp, yaml, env) == want
+    return counts(proxy, start)
+
+
 def env_of(tmp, server, proxy, **more):
     return {**server.env(proxy.url), "FLOWSTATE_CACHE_DIR": tmp / "cache", **more}
 
@@ -87,27 +94,20 @@ def test_a_reused_listing_over_a_warm_cache_sends_no_request(tmp_path, data, sto
     want = digests(tmp_path, records_yaml(tmp_path / "local.yaml", data / "records/part-*.bin"))
     yaml = records_yaml(tmp_path / "s3.yaml", "s3://bucket/rec/part-*.bin")
     reuse = env_of(tmp_path, server, proxy, FLOWSTATE_LISTING_MAX_AGE=600)
-    start = len(proxy.requests)
-    assert digests(tmp_path, yaml, reuse) == want
-    lists, gets = counts(proxy, start)
+    lists, gets = requests_of_run(tmp_path, yaml, reuse, proxy, want)
     assert lists == 1 and gets >= SHARDS, (lists, gets)  # listed, saved, downloaded
     saved = list((tmp_path / "cache/listings").glob("*.json"))
     assert len(saved) == 1, saved
     text = saved[0].read_text()
     assert "s3://bucket/rec/part-" in text and S3_SECRET not in text and "127.0.0.1" not in text
-    start = len(proxy.requests)
-    assert digests(tmp_path, yaml, reuse) == want
-    assert counts(proxy, start) == (0, 0)  # no listing, no GET: nothing reaches the store
+    # No listing, no GET: nothing reaches the store.
+    assert requests_of_run(tmp_path, yaml, reuse, proxy, want) == (0, 0)
     # The option in the pipeline does what the variable does.
     opt = records_yaml(tmp_path / "opt.yaml", "s3://bucket/rec/part-*.bin",
                        ", remote: {listing_max_age: 600}")
-    start = len(proxy.requests)
-    assert digests(tmp_path, opt, env_of(tmp_path, server, proxy)) == want
-    assert counts(proxy, start) == (0, 0)
+    assert requests_of_run(tmp_path, opt, env_of(tmp_path, server, proxy), proxy, want) == (0, 0)
     # Off (the default): the job lists, and the warm cache serves the bytes.
-    start = len(proxy.requests)
-    assert digests(tmp_path, yaml, env_of(tmp_path, server, proxy)) == want
-    assert counts(proxy, start) == (1, 0)
+    assert requests_of_run(tmp_path, yaml, env_of(tmp_path, server, proxy), proxy, want) == (1, 0)
     # Another endpoint (the store directly) is another listing: listed, not read from the proxy's.
     start_direct = len(list((tmp_path / "cache/listings").glob("*.json")))
     assert digests(tmp_path, yaml, {**reuse, **server.env()}) == want
@@ -119,12 +119,9 @@ def test_indexed_reuses_both_listings(tmp_path, data, store):
     want = digests(tmp_path, indexed_yaml(tmp_path / "local.yaml", data / "ix/corpus.idx"))
     yaml = indexed_yaml(tmp_path / "s3.yaml", "s3://bucket/ix/corpus")
     reuse = env_of(tmp_path, server, proxy, FLOWSTATE_LISTING_MAX_AGE=600)
-    start = len(proxy.requests)
-    assert digests(tmp_path, yaml, reuse) == want
-    assert counts(proxy, start)[0] == 2  # the .idx and the .bin patterns
-    start = len(proxy.requests)
-    assert digests(tmp_path, yaml, reuse) == want
-    assert counts(proxy, start) == (0, 0)
+    lists, _ = requests_of_run(tmp_path, yaml, reuse, proxy, want)
+    assert lists == 2  # the .idx and the .bin patterns
+    assert requests_of_run(tmp_path, yaml, reuse, proxy, want) == (0, 0)
 
 
 def test_an_expired_or_unreadable_saved_listing_is_listed_again(tmp_path, data, store):
@@ -136,14 +133,10 @@ def test_an_expired_or_unreadable_saved_listing_is_listed_again(tmp_path, data, 
     (saved,) = (tmp_path / "cache/listings").glob("*.json")
     old = time.time() - 120
     os.utime(saved, (old, old))  # two minutes old: past the 60 s
-    start = len(proxy.requests)
-    assert digests(tmp_path, yaml, reuse) == want
-    assert counts(proxy, start) == (1, 0)
+    assert requests_of_run(tmp_path, yaml, reuse, proxy, want) == (1, 0)
     assert saved.stat().st_mtime > old + 60  # saved again
     saved.write_text('{"format": 1, "pattern": "s3://bucket/rec/part-*.b')  # cut short
-    start = len(proxy.requests)
-    assert digests(tmp_path, yaml, reuse) == want
-    assert counts(proxy, start) == (1, 0)
+    assert requests_of_run(tmp_path, yaml, reuse, proxy, want) == (1, 0)
     assert saved.read_text().endswith("}\n")  # replaced whole
     bad = run(["run", str(yaml)], env={**reuse, "FLOWSTATE_LISTING_MAX_AGE": "-1"}, check=False)
     assert bad.returncode == 2 and "FLOWSTATE_LISTING_MAX_AGE" in bad.stderr, bad.stderr
