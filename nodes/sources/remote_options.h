@@ -153,6 +153,7 @@ constexpr auto lookahead_param(const char* doc = kLookaheadDoc) {
                   return o.lookahead != kDefaultLookahead;
                 }});
 }
+
 /// The `cache` row of a file source's options table (`O::cache`, a CacheOptions; free).
 template <class O>
 constexpr auto cache_param() {
