@@ -43,7 +43,7 @@ constexpr const char* kUsage =
     "                          run stops at the same place)\n"
     "  --epochs E              epochs to run (default: the pipeline's; 0 runs until stopped)\n"
     "  --workers N|auto|inline batch-assembly workers (free: never changes the batches);\n"
-    "                          auto: tuned while running; inline: no thread, each batch\n"
+    "                          auto: tuned while running; inline: no thread, batches\n"
     "                          made on the consumer's thread when it asks\n"
     "  --checkpoint-dir D      checkpoint directory, relative to the current directory\n"
     "                          (default: the pipeline's checkpoint.dir, relative to its file)\n"

@@ -139,8 +139,8 @@ const std::vector<ParamSchema>& pipeline_params() {
        .type = ParamType::kUInt,
        .default_value = std::uint64_t{2},
        .doc = "parallel workers reading, mapping and collating batches; auto: tuned while "
-              "running; inline: no thread, each batch made on the consumer's thread when it "
-              "asks (no read-ahead, no hand-off between threads)",
+              "running; inline: no thread, batches made on the consumer's thread when it asks "
+              "(cheap ones up to 8 at a time; no hand-off between threads)",
        .min = 1,
        .max = 1024,
        .free = true,
