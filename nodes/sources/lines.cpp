@@ -268,6 +268,7 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
         return static_cast<const std::vector<std::uint64_t>*>(prepared)->size();  // line starts
       },
       window_, expected_);
+  LocalMappings local(local_file_count(files));
   std::size_t r = 0;
   for (const auto& file : files) {
     if (file.remote) {
@@ -275,6 +276,7 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
       add_remote_file(o.url, o.size, o.etag, facts[r].items, facts[r].blocks, facts[r].full);
       starts_.emplace_back();
       maps_.push_back(nullptr);
+      in_set_.push_back(false);
       remote_.push_back(r++);
       continue;
     }
@@ -286,9 +288,13 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
         [&](const FileIndex<std::uint64_t>& i) { return lines_fit(i, m->size()); });
     add_file(named, *m, index.entries.size());
     starts_.push_back(std::move(index.entries));
-    maps_.push_back(std::move(m));
-    remote_.push_back(0);
+    // More local files than a source keeps mapped: a large one is mapped as reads reach it.
+    std::size_t slot = 0;
+    maps_.push_back(local.keep(std::move(m), slot));
+    in_set_.push_back(maps_.back() == nullptr);
+    remote_.push_back(slot);
   }
+  set_ = std::move(local).set();
 }
 
 std::shared_ptr<const std::vector<std::uint64_t>> LinesSource::prepare_remote(
@@ -314,6 +320,11 @@ void LinesSource::epoch_started(std::uint64_t /*epoch*/) {
 LinesSource::Text LinesSource::text(std::size_t k) const {
   if (const MappedFile* m = maps_[k].get()) [[likely]]
     return {m->data(), m->size(), &starts_[k]};
+  if (in_set_[k]) {
+    // Valid on this thread until its next read of another file, as a remote file's.
+    const std::span<const std::byte> all = set_->read(remote_[k], 0, set_->file_size(remote_[k]));
+    return {all.data(), all.size(), &starts_[k]};
+  }
   const RemoteWindow::Held held = window_->read(remote_[k]);
   return {held.data, window_->objects()[remote_[k]].size,
           static_cast<const std::vector<std::uint64_t>*>(held.prepared)};
@@ -343,7 +354,8 @@ std::span<const std::byte> LinesSource::record(const Ref& ref) const {
 
 std::optional<RecordView> LinesSource::view(const Ref& ref, FieldId field) const {
   if (options_.format == LinesFormat::kJsonl || field != field_) return std::nullopt;
-  if (ref.shard < maps_.size() && !maps_[ref.shard]) return std::nullopt;  // remote
+  // A remote file's or a file of the set's bytes are not valid while the source lives.
+  if (ref.shard < maps_.size() && !maps_[ref.shard]) return std::nullopt;
   return RecordView{DType::kUInt8, record(ref)};
 }
 

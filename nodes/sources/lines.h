@@ -42,6 +42,7 @@
 #include "flowstate/nodes/node.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/mapped_file_set.h"
 #include "flowstate/nodes/sources/remote_options.h"
 #include "flowstate/nodes/sources/remote_window.h"
 
@@ -104,11 +105,13 @@ const NodeDef& lines_node();
 
 /// The `lines` source. Opening maps every local file and loads (or builds and caches) its
 /// index: an empty match or an unreadable file is a DataError naming the path; options that
-/// do not fit together are a ConfigError. Remote files (`s3://`, `http(s)://`) are numbered
-/// from the job's object facts (nodes/sources/remote_listing.h; at the job's first build each
-/// is read once, through the window, to count its lines) and read through a RemoteWindow,
-/// their line index made in memory each time the window fetches a copy. Reading is
-/// thread-safe.
+/// do not fit together are a ConfigError. With more local files than mapped_files_limit(),
+/// those over 64 KiB are closed after that and mapped again as reads reach them, at most that
+/// many at once (MappedFileSet; a file replaced since is a DataError naming it). Remote files
+/// (`s3://`, `http(s)://`) are numbered from the job's object facts
+/// (nodes/sources/remote_listing.h; at the job's first build each is read once, through the window,
+/// to count its lines) and read through a RemoteWindow, their line index made in memory each time
+/// the window fetches a copy. Reading is thread-safe.
 class LinesSource final : public FileSource {
  public:
   LinesSource(std::string name, LinesOptions options, std::uint32_t source_id = 0);
@@ -116,14 +119,15 @@ class LinesSource final : public FileSource {
   /// 0: lines vary in size.
   std::size_t record_bytes() const override { return 0; }
   /// The line's bytes, without its newline or '\r'; valid while the source lives (a remote
-  /// file's: on the calling thread until its next read of another remote file). Throws
+  /// file's, or one of the set's: on the calling thread until its next read of another
+  /// file). Throws
   /// DataError for a Ref that is not one of this source's.
   std::span<const std::byte> record(const Ref& ref) const override;
   /// Reads the line into `sample` as the format says; throws DataError (see above).
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
   /// Plain text: the line's bytes where they lie in the mapped file (JSON Lines, a remote
-  /// file: none).
+  /// file, a file of the set: none).
   std::optional<RecordView> view(const Ref& ref, FieldId field) const override;
   /// "'FILE' line L (byte B): what".
   [[noreturn]] void fail_record(const Ref& ref, const std::string& what) const override;
@@ -155,15 +159,19 @@ class LinesSource final : public FileSource {
 
   LinesOptions options_;
   FieldId field_;
-  std::vector<FieldId> json_ids_;                        ///< the ids of options_.json_fields
-  std::vector<std::shared_ptr<const MappedFile>> maps_;  ///< null for a remote file
+  std::vector<FieldId> json_ids_;  ///< the ids of options_.json_fields
+  /// Null for a remote file and for a file of set_.
+  std::vector<std::shared_ptr<const MappedFile>> maps_;
+  std::vector<bool> in_set_;  ///< per file: read through set_
   /// Per file: byte offset of each record, the top bit set when its line ends with "\r\n"
   /// (a remote file's: empty; the window keeps it with the copy).
   std::vector<std::vector<std::uint64_t>> starts_;
-  std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
+  std::vector<std::size_t> remote_;  ///< per file its object in window_, or its file in set_
   /// Per remote object its lines as the job's facts say (kItemsUnknown until they are known).
   std::vector<std::atomic<std::uint64_t>> expected_;
   std::unique_ptr<RemoteWindow> window_;  ///< the remote files; null when there are none
+  /// The large local files, when there are more than mapped_files_limit() (null otherwise).
+  std::unique_ptr<MappedFileSet> set_;
 };
 
 /// How append_line ends a line.

@@ -205,7 +205,9 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
              " files are mapped already; the kernel allows vm.max_map_count mappings per "
              "process, 65 530 by default: files of more than " +
              std::to_string(kReadIntoMemoryBytes >> 10) +
-             " KiB are mapped one mapping each, so join shards or raise that limit)";
+             " KiB are mapped one mapping each, up to FLOWSTATE_MAPPED_FILES per source (a "
+             "quarter of that limit), so lower FLOWSTATE_MAPPED_FILES, join shards or raise "
+             "vm.max_map_count)";
     throw DataError(path_, DataError::kNoOffset, "cannot map '" + path_ + "': " + why);
   }
   // Records are read in shuffled order: tell the kernel not to read ahead.

@@ -27,7 +27,11 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
   set_verify(options_.verify);
   std::vector<RemoteObject> remote;
   const SourceRemote settings = source_remote("records", options_);
-  for (auto& file : list_source_files(options_.paths, options_.base_dir, &settings)) {
+  auto files = list_source_files(options_.paths, options_.base_dir, &settings);
+  // More local files than a source keeps mapped: the large ones are mapped as reads reach
+  // them, a bounded set at a time, and closed after their check here.
+  LocalMappings local(local_file_count(files));
+  for (auto& file : files) {
     if (file.remote) {
       // Numbered from the listing: nothing is downloaded until a record is read.
       const RemoteObject& o = *file.remote;
@@ -38,6 +42,7 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
                             std::to_string(options_.record_bytes) + ")");
       add_remote_file(o.url, o.size, o.etag, o.size / options_.record_bytes);
       maps_.push_back(nullptr);
+      in_set_.push_back(false);
       remote_.push_back(remote.size());
       remote.push_back(o);
       continue;
@@ -51,9 +56,12 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
                           " bytes) is not a multiple of record_bytes (" +
                           std::to_string(options_.record_bytes) + ")");
     add_file(named, *m, m->size() / options_.record_bytes);
-    maps_.push_back(std::move(m));
-    remote_.push_back(0);
+    std::size_t slot = 0;
+    maps_.push_back(local.keep(std::move(m), slot));
+    in_set_.push_back(maps_.back() == nullptr);
+    remote_.push_back(slot);
   }
+  set_ = std::move(local).set();
   if (remote.empty()) return;
   // By blocks, whatever the limit: when it holds every block they all download from the first
   // read on, `connections` at a time, stay pinned and are read without a lock (a global
@@ -71,8 +79,9 @@ std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
   const MappedFile* m = maps_[ref.shard].get();
   if (m != nullptr) [[likely]]
     return {m->data() + offset, options_.record_bytes};
-  // A remote file's bytes stay valid on this thread until its next read of another file
-  // (another block).
+  // A file of the set's, or a remote file's, bytes stay valid on this thread until its next
+  // read of another file (another block).
+  if (in_set_[ref.shard]) return set_->read(remote_[ref.shard], offset, options_.record_bytes);
   return blocks_->read(remote_[ref.shard], offset, options_.record_bytes);
 }
 
@@ -82,7 +91,8 @@ void RecordsSource::plan_reads(std::span<const Ref> refs) const {
   for (const Ref& ref : refs) {
     const Ref r = ref.record();  // padding reads its record again
     const std::size_t k = r.shard;
-    if (k >= maps_.size() || maps_[k] != nullptr) continue;  // local (or not a record: read says)
+    // Local (or not a record: its read says so).
+    if (k >= maps_.size() || maps_[k] != nullptr || in_set_[k]) continue;
     std::uint64_t i = 0;
     try {
       i = local(r);

@@ -23,6 +23,7 @@
 #include "flowstate/nodes/read_plan.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/mapped_file_set.h"
 #include "flowstate/nodes/sources/remote_blocks.h"
 #include "flowstate/nodes/sources/remote_options.h"
 #include "flowstate/nodes/sources/remote_window.h"
@@ -63,7 +64,10 @@ struct RecordsOptions {
 const NodeDef& records_node();
 
 /// The `records` source. Opening validates every file: an empty match, an unreadable file,
-/// or a size that is not a multiple of record_bytes is a DataError naming the file. Remote
+/// or a size that is not a multiple of record_bytes is a DataError naming the file. Local
+/// files stay mapped for the run — unless there are more than mapped_files_limit() of them:
+/// then those over 64 KiB are mapped as reads reach them, at most that many at once
+/// (MappedFileSet; a file replaced since it was opened is a DataError naming it). Remote
 /// files (`s3://`, `http(s)://`) are numbered from their listed sizes and downloaded as the
 /// reads reach them, not when the source is built: by range, through RemoteBlocks (blocks of
 /// FLOWSTATE_REMOTE_BLOCK bytes; every block from the first read on when the cache limit holds
@@ -77,8 +81,9 @@ class RecordsSource final : public FileSource, public ReadPlanner {
 
   std::size_t record_bytes() const override { return options_.record_bytes; }
   std::span<const std::byte> record(const Ref& ref) const override;
-  /// False while remote files are read by blocks that the cache does not hold all of.
-  bool stable_records() const override { return !blocks_ || blocks_->holds_all(); }
+  /// False while remote files are read by blocks that the cache does not hold all of, or
+  /// local files through a MappedFileSet (more files than mapped_files_limit()).
+  bool stable_records() const override { return !set_ && (!blocks_ || blocks_->holds_all()); }
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
   /// True when some files are remote and RemoteBlocks plans (RemoteBlocks::plans).
@@ -92,8 +97,12 @@ class RecordsSource final : public FileSource, public ReadPlanner {
  private:
   RecordsOptions options_;
   FieldId field_;
-  std::vector<std::shared_ptr<const MappedFile>> maps_;  ///< null for a remote file
-  std::vector<std::size_t> remote_;  ///< per file its object in blocks_ (remote files)
+  /// Null for a remote file and for a file of set_.
+  std::vector<std::shared_ptr<const MappedFile>> maps_;
+  std::vector<bool> in_set_;         ///< per file: read through set_
+  std::vector<std::size_t> remote_;  ///< per file its object in blocks_, or its file in set_
+  /// The large local files, when there are more than mapped_files_limit() (null otherwise).
+  std::unique_ptr<MappedFileSet> set_;
   /// The remote files, read by range (null when there are none).
   std::unique_ptr<RemoteBlocks> blocks_;
 };

@@ -74,6 +74,13 @@ struct SourceFile {
   std::optional<RemoteObject> remote;  ///< the listed object, when the file is remote
 };
 
+/// How many of `files` are local.
+inline std::size_t local_file_count(const std::vector<SourceFile>& files) {
+  std::size_t n = 0;
+  for (const auto& f : files) n += f.remote ? 0 : 1;
+  return n;
+}
+
 /// The files `patterns` name, in order, duplicates dropped, downloading nothing: a local
 /// pattern through expand_named_paths (relative to `base_dir`), a remote one through
 /// job_listing (settings: resolve_remote_settings(`remote`), the source's options over the

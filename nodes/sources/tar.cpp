@@ -287,12 +287,14 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
       [this](std::size_t k, const MappedFile& copy) { return prepare_remote(k, copy); }, kind,
       [](const void* prepared) { return static_cast<const Shard*>(prepared)->samples.size(); },
       window_, expected_);
+  LocalMappings local(local_file_count(files));
   std::size_t r = 0;
   for (const auto& file : files) {
     if (file.remote) {
       const RemoteObject& o = *file.remote;
       add_remote_file(o.url, o.size, o.etag, facts[r].items, facts[r].blocks, facts[r].full);
       shards_.emplace_back();
+      in_set_.push_back(false);
       remote_.push_back(r++);
       continue;
     }
@@ -307,9 +309,14 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
         [&](const FileIndex<detail::TarMember>& i) { return members_fit(i, shard.map->size()); });
     group(shard, f);
     add_file(named, *shard.map, shard.samples.size());
+    // More local files than a source keeps mapped: a large one is mapped as reads reach it.
+    std::size_t slot = 0;
+    shard.map = local.keep(std::move(shard.map), slot);
+    in_set_.push_back(shard.map == nullptr);
+    remote_.push_back(slot);
     shards_.push_back(std::move(shard));
-    remote_.push_back(0);
   }
+  set_ = std::move(local).set();
 }
 
 std::shared_ptr<const TarSource::Shard> TarSource::prepare_remote(std::size_t k,
@@ -379,6 +386,11 @@ TarSource::Located TarSource::members_of(const Ref& ref) const {
   const Shard* s = &shards_[ref.shard];
   if (s->map) [[likely]]
     return {s->map->data(), s, s->samples[i]};
+  if (in_set_[ref.shard]) {
+    // Valid on this thread until its next read of another file, as a remote shard's.
+    const std::size_t k = remote_[ref.shard];
+    return {set_->read(k, 0, set_->file_size(k)).data(), s, s->samples[i]};
+  }
   // A remote shard: the copy and its index stay valid on this thread until its next read of
   // another remote file.
   const RemoteWindow::Held held = window_->read(remote_[ref.shard]);
@@ -404,7 +416,8 @@ void TarSource::read(const Ref& ref, Sample& sample) const {
 }
 
 std::optional<RecordView> TarSource::view(const Ref& ref, FieldId field) const {
-  if (ref.shard < shards_.size() && !shards_[ref.shard].map) return std::nullopt;  // remote
+  // A remote shard's or a set file's bytes are not valid while the source lives.
+  if (ref.shard < shards_.size() && !shards_[ref.shard].map) return std::nullopt;
   const auto [data, s, members] = members_of(ref);
   // read() sets the fields in member order: the last member of a field is the one it keeps.
   std::optional<RecordView> v;

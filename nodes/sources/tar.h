@@ -46,6 +46,7 @@
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/index_cache.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/mapped_file_set.h"
 #include "flowstate/nodes/sources/remote_options.h"
 #include "flowstate/nodes/sources/remote_window.h"
 
@@ -118,7 +119,10 @@ struct TarMember {
 /// file. Remote shards (`s3://`, `http(s)://`) are numbered from the job's object facts
 /// (nodes/sources/remote_listing.h; at the job's first build each shard is read once, through
 /// the window, to count its samples) and read through a RemoteWindow, their member index made
-/// in memory each time the window fetches a copy. Reading is thread-safe.
+/// in memory each time the window fetches a copy. With more local files than
+/// mapped_files_limit(), those over 64 KiB are closed once indexed and mapped again as reads
+/// reach them, at most that many at once (MappedFileSet; a file replaced since is a DataError
+/// naming it). Reading is thread-safe.
 class TarSource final : public FileSource {
  public:
   TarSource(std::string name, TarOptions options, std::uint32_t source_id = 0);
@@ -146,7 +150,7 @@ class TarSource final : public FileSource {
 
  private:
   /// What the source keeps of one tar file (of a remote one: what the window keeps with a
-  /// copy, `map` null).
+  /// copy, `map` null; of a file of set_: all but `map`).
   struct Shard {
     std::shared_ptr<const MappedFile> map;
     FileIndex<detail::TarMember> index;
@@ -173,11 +177,14 @@ class TarSource final : public FileSource {
   FieldId record_field_;
   std::vector<FieldId> field_ids_;   ///< the ids of options_.fields
   std::vector<Shard> shards_;        ///< per file; a remote file's is empty
-  std::vector<std::size_t> remote_;  ///< per file its object in window_ (remote files)
+  std::vector<bool> in_set_;         ///< per file: read through set_
+  std::vector<std::size_t> remote_;  ///< per file its object in window_, or its file in set_
   /// Per remote object its samples as the job's facts say (kItemsUnknown until they are
   /// known): read by prepare_remote on the window's threads.
   std::vector<std::atomic<std::uint64_t>> expected_;
   std::unique_ptr<RemoteWindow> window_;  ///< the remote shards; null when there are none
+  /// The large local files, when there are more than mapped_files_limit() (null otherwise).
+  std::unique_ptr<MappedFileSet> set_;
 };
 
 /// Bytes of a tar block: a header is one block, a member's data is padded to whole blocks.

@@ -188,8 +188,9 @@ TEST_F(LoaderTest, InlineMakesCheapBatchesAFewAtATime) {
   const double per_batch_us =
       1e-3 * (static_cast<double>(s.stages[0].busy_ns) / static_cast<double>(s.stages[0].items) +
               static_cast<double>(s.stages[1].busy_ns) / static_cast<double>(s.stages[1].items));
-  if (per_batch_us < 50)  // a group of 8 holds less than the 500 µs target
+  if (per_batch_us < 50) {  // a group of 8 holds less than the 500 µs target
     EXPECT_LT(s.messages, 100u) << "the cheap batches were made one by one: " << per_batch_us;
+  }
   testing::expect_save_restore([&] { return make().build(); },
                                {.epochs = 2, .workers = static_cast<int>(kInline)},
                                {.epochs = 2, .workers = 2});
