@@ -159,7 +159,7 @@ LocalMappings::LocalMappings(std::size_t local_files)
 std::shared_ptr<const MappedFile> LocalMappings::keep(std::shared_ptr<const MappedFile> m,
                                                       std::size_t& slot) {
   slot = 0;
-  if (!bounded_ || m->in_memory()) return m;
+  if (!bounded_ || m->in_memory() || m->size() == 0) return m;  // holds no mapping
   slot = files_.size();
   files_.push_back({m->path(), m->size(), m->stat()});
   return nullptr;

@@ -78,8 +78,8 @@ class MappedFileSet {
 };
 
 /// A file source's local files as it opens them: all kept mapped for the run, or — when it
-/// has more than mapped_files_limit() — those over 64 KiB closed once checked and handed to
-/// a MappedFileSet of that many mappings.
+/// has more than mapped_files_limit() — those it maps (over 64 KiB) closed once checked and
+/// handed to a MappedFileSet of that many mappings.
 ///
 ///   LocalMappings local(count_of_local_files);
 ///   maps_.push_back(local.keep(std::move(m), slot));   // null: read through the set, file `slot`
