@@ -277,7 +277,7 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
       starts_.emplace_back();
       maps_.push_back(nullptr);
       in_set_.push_back(false);
-      remote_.push_back(r++);
+      slot_.push_back(r++);
       continue;
     }
     const ExpandedPath& named = file.local;
@@ -292,7 +292,7 @@ LinesSource::LinesSource(std::string name, LinesOptions options, std::uint32_t s
     std::size_t slot = 0;
     maps_.push_back(local.keep(std::move(m), slot));
     in_set_.push_back(maps_.back() == nullptr);
-    remote_.push_back(slot);
+    slot_.push_back(slot);
   }
   set_ = std::move(local).set();
 }
@@ -322,11 +322,11 @@ LinesSource::Text LinesSource::text(std::size_t k) const {
     return {m->data(), m->size(), &starts_[k]};
   if (in_set_[k]) {
     // Valid on this thread until its next read of another file, as a remote file's.
-    const std::span<const std::byte> all = set_->read(remote_[k], 0, set_->file_size(remote_[k]));
+    const std::span<const std::byte> all = set_->read(slot_[k], 0, set_->file_size(slot_[k]));
     return {all.data(), all.size(), &starts_[k]};
   }
-  const RemoteWindow::Held held = window_->read(remote_[k]);
-  return {held.data, window_->objects()[remote_[k]].size,
+  const RemoteWindow::Held held = window_->read(slot_[k]);
+  return {held.data, window_->objects()[slot_[k]].size,
           static_cast<const std::vector<std::uint64_t>*>(held.prepared)};
 }
 

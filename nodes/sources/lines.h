@@ -106,7 +106,7 @@ const NodeDef& lines_node();
 /// The `lines` source. Opening maps every local file and loads (or builds and caches) its
 /// index: an empty match or an unreadable file is a DataError naming the path; options that
 /// do not fit together are a ConfigError. With more local files than mapped_files_limit(),
-/// those over 64 KiB are closed after that and mapped again as reads reach them, at most that
+/// those over 64 KiB are closed once indexed and mapped again as reads reach them, at most that
 /// many at once (MappedFileSet; a file replaced since is a DataError naming it). Remote files
 /// (`s3://`, `http(s)://`) are numbered from the job's object facts
 /// (nodes/sources/remote_listing.h; at the job's first build each is read once, through the window,
@@ -120,8 +120,7 @@ class LinesSource final : public FileSource {
   std::size_t record_bytes() const override { return 0; }
   /// The line's bytes, without its newline or '\r'; valid while the source lives (a remote
   /// file's, or one of the set's: on the calling thread until its next read of another
-  /// file). Throws
-  /// DataError for a Ref that is not one of this source's.
+  /// file). Throws DataError for a Ref that is not one of this source's.
   std::span<const std::byte> record(const Ref& ref) const override;
   /// Reads the line into `sample` as the format says; throws DataError (see above).
   void read(const Ref& ref, Sample& sample) const override;
@@ -166,7 +165,7 @@ class LinesSource final : public FileSource {
   /// Per file: byte offset of each record, the top bit set when its line ends with "\r\n"
   /// (a remote file's: empty; the window keeps it with the copy).
   std::vector<std::vector<std::uint64_t>> starts_;
-  std::vector<std::size_t> remote_;  ///< per file its object in window_, or its file in set_
+  std::vector<std::size_t> slot_;  ///< per file: its object in window_, or its file in set_
   /// Per remote object its lines as the job's facts say (kItemsUnknown until they are known).
   std::vector<std::atomic<std::uint64_t>> expected_;
   std::unique_ptr<RemoteWindow> window_;  ///< the remote files; null when there are none

@@ -43,7 +43,7 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
       add_remote_file(o.url, o.size, o.etag, o.size / options_.record_bytes);
       maps_.push_back(nullptr);
       in_set_.push_back(false);
-      remote_.push_back(remote.size());
+      slot_.push_back(remote.size());
       remote.push_back(o);
       continue;
     }
@@ -59,7 +59,7 @@ RecordsSource::RecordsSource(std::string name, RecordsOptions options, std::uint
     std::size_t slot = 0;
     maps_.push_back(local.keep(std::move(m), slot));
     in_set_.push_back(maps_.back() == nullptr);
-    remote_.push_back(slot);
+    slot_.push_back(slot);
   }
   set_ = std::move(local).set();
   if (remote.empty()) return;
@@ -81,8 +81,8 @@ std::span<const std::byte> RecordsSource::record(const Ref& ref) const {
     return {m->data() + offset, options_.record_bytes};
   // A file of the set's, or a remote file's, bytes stay valid on this thread until its next
   // read of another file (another block).
-  if (in_set_[ref.shard]) return set_->read(remote_[ref.shard], offset, options_.record_bytes);
-  return blocks_->read(remote_[ref.shard], offset, options_.record_bytes);
+  if (in_set_[ref.shard]) return set_->read(slot_[ref.shard], offset, options_.record_bytes);
+  return blocks_->read(slot_[ref.shard], offset, options_.record_bytes);
 }
 
 void RecordsSource::plan_reads(std::span<const Ref> refs) const {
@@ -99,7 +99,7 @@ void RecordsSource::plan_reads(std::span<const Ref> refs) const {
     } catch (const DataError&) {
       continue;  // not one of this source's records: its read says so
     }
-    reads.push_back({remote_[k], i * options_.record_bytes, options_.record_bytes});
+    reads.push_back({slot_[k], i * options_.record_bytes, options_.record_bytes});
   }
   blocks_->plan(reads);
 }

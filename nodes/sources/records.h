@@ -99,8 +99,8 @@ class RecordsSource final : public FileSource, public ReadPlanner {
   FieldId field_;
   /// Null for a remote file and for a file of set_.
   std::vector<std::shared_ptr<const MappedFile>> maps_;
-  std::vector<bool> in_set_;         ///< per file: read through set_
-  std::vector<std::size_t> remote_;  ///< per file its object in blocks_, or its file in set_
+  std::vector<bool> in_set_;       ///< per file: read through set_
+  std::vector<std::size_t> slot_;  ///< per file: its object in blocks_, or its file in set_
   /// The large local files, when there are more than mapped_files_limit() (null otherwise).
   std::unique_ptr<MappedFileSet> set_;
   /// The remote files, read by range (null when there are none).

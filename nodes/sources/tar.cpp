@@ -295,7 +295,7 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
       add_remote_file(o.url, o.size, o.etag, facts[r].items, facts[r].blocks, facts[r].full);
       shards_.emplace_back();
       in_set_.push_back(false);
-      remote_.push_back(r++);
+      slot_.push_back(r++);
       continue;
     }
     const ExpandedPath& named = file.local;
@@ -313,7 +313,7 @@ TarSource::TarSource(std::string name, TarOptions options, std::uint32_t source_
     std::size_t slot = 0;
     shard.map = local.keep(std::move(shard.map), slot);
     in_set_.push_back(shard.map == nullptr);
-    remote_.push_back(slot);
+    slot_.push_back(slot);
     shards_.push_back(std::move(shard));
   }
   set_ = std::move(local).set();
@@ -388,12 +388,12 @@ TarSource::Located TarSource::members_of(const Ref& ref) const {
     return {s->map->data(), s, s->samples[i]};
   if (in_set_[ref.shard]) {
     // Valid on this thread until its next read of another file, as a remote shard's.
-    const std::size_t k = remote_[ref.shard];
+    const std::size_t k = slot_[ref.shard];
     return {set_->read(k, 0, set_->file_size(k)).data(), s, s->samples[i]};
   }
   // A remote shard: the copy and its index stay valid on this thread until its next read of
   // another remote file.
-  const RemoteWindow::Held held = window_->read(remote_[ref.shard]);
+  const RemoteWindow::Held held = window_->read(slot_[ref.shard]);
   s = static_cast<const Shard*>(held.prepared);
   return {held.data, s, s->samples[i]};
 }

@@ -175,10 +175,10 @@ class TarSource final : public FileSource {
 
   TarOptions options_;
   FieldId record_field_;
-  std::vector<FieldId> field_ids_;   ///< the ids of options_.fields
-  std::vector<Shard> shards_;        ///< per file; a remote file's is empty
-  std::vector<bool> in_set_;         ///< per file: read through set_
-  std::vector<std::size_t> remote_;  ///< per file its object in window_, or its file in set_
+  std::vector<FieldId> field_ids_;  ///< the ids of options_.fields
+  std::vector<Shard> shards_;       ///< per file; a remote file's is empty
+  std::vector<bool> in_set_;        ///< per file: read through set_
+  std::vector<std::size_t> slot_;   ///< per file: its object in window_, or its file in set_
   /// Per remote object its samples as the job's facts say (kItemsUnknown until they are
   /// known): read by prepare_remote on the window's threads.
   std::vector<std::atomic<std::uint64_t>> expected_;
