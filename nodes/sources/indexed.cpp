@@ -22,9 +22,6 @@
 namespace flowstate {
 namespace {
 
-constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
-constexpr std::size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;
-
 template <class T>
 T load_le(const std::byte* p) {
   T v;
@@ -39,38 +36,30 @@ std::string bin_path(const std::string& idx) {
 
 }  // namespace
 
-std::optional<DType> megatron_dtype(std::uint8_t code) {
-  switch (code) {
-    case 1:
-      return DType::kUInt8;
-    case 2:
-      return DType::kInt8;
-    case 3:
-      return DType::kInt16;
-    case 4:
-      return DType::kInt32;
-    case 5:
-      return DType::kInt64;
-    case 6:
-      return DType::kFloat64;
-    case 7:
-      return DType::kFloat32;
-    case 8:
-      return DType::kUInt16;
-    default:
-      return std::nullopt;
+std::byte* IndexCopies::allocate(std::size_t bytes) {
+  constexpr std::size_t kBlock = std::size_t{64} << 20;
+  bytes = (bytes + 7) / 8 * 8;
+  if (bytes > kBlock / 4) {
+    blocks_.push_back(std::make_unique_for_overwrite<std::byte[]>(bytes));
+    return blocks_.back().get();
   }
+  if (bytes > left_) {
+    blocks_.push_back(std::make_unique_for_overwrite<std::byte[]>(kBlock));
+    next_ = blocks_.back().get();
+    left_ = kBlock;
+  }
+  std::byte* at = next_;
+  next_ += bytes;
+  left_ -= bytes;
+  return at;
 }
 
-std::optional<std::uint8_t> megatron_dtype_code(DType dtype) {
-  for (std::uint8_t c = 1; c <= 8; ++c)
-    if (megatron_dtype(c) == dtype) return c;
-  return std::nullopt;
-}
-
-IndexedFile::IndexedFile(const std::string& idx_path) {
+IndexedFile::IndexedFile(const std::string& idx_path, IndexCopies* copies) {
   idx_ = std::make_shared<const MappedFile>(idx_path);
-  copy_index_into_huge_pages();
+  idx_size_ = idx_->size();
+  idx_data_ = idx_->data();
+  if (copies == nullptr || idx_->in_memory() || !copy_index_into(*copies))
+    copy_index_into_huge_pages();
   check_index(idx_path);
   bin_ = std::make_shared<const MappedFile>(bin_path(idx_path));
   bin_data_ = bin_->data();
@@ -79,10 +68,31 @@ IndexedFile::IndexedFile(const std::string& idx_path) {
   check_entries(idx_path);
 }
 
+void IndexedFile::read_bin_through_set(std::size_t slot) {
+  in_set_ = true;
+  set_slot_ = slot;
+  bin_.reset();
+  bin_data_ = nullptr;
+}
+
+void IndexedFile::use_set(const MappedFileSet* set) {
+  if (in_set_) set_ = set;
+}
+
+std::span<const std::byte> IndexedFile::unmapped_bin_bytes(std::uint64_t begin,
+                                                           std::uint64_t end) const {
+  const auto n = static_cast<std::size_t>(end - begin);
+  if (blocks_ != nullptr) return blocks_->read(bin_object_, begin, n);
+  if (set_ != nullptr && n > 0) return set_->read(set_slot_, begin, n);
+  return {};  // an empty .bin (its mapping holds no bytes)
+}
+
 IndexedFile::IndexedFile(std::shared_ptr<const CachePin> idx, const std::string& idx_url,
                          const RemoteBlocks& blocks, std::size_t bin_object)
     : idx_pin_(std::move(idx)), blocks_(&blocks), bin_object_(bin_object) {
   idx_ = std::make_shared<const MappedFile>(idx_pin_->path());
+  idx_size_ = idx_->size();
+  idx_data_ = idx_->data();
   copy_index_into_huge_pages();
   // Messages name the object, not its copy in the cache.
   check_index(idx_url);
@@ -93,14 +103,14 @@ IndexedFile::IndexedFile(std::shared_ptr<const CachePin> idx, const std::string&
 
 void IndexedFile::check_index(const std::string& idx_path) {
   const std::byte* p = idx_data_;
-  const std::uint64_t size = idx_->size();
+  const std::uint64_t size = idx_size_;
   auto fail = [&](std::uint64_t offset, const std::string& why) -> DataError {
     return DataError(idx_path, offset, "'" + idx_path + "' is not a valid Megatron index: " + why);
   };
-  if (size < kHeaderBytes)
+  if (size < kMegatronHeaderBytes)
     throw fail(0, std::to_string(size) + " bytes, shorter than its " +
-                      std::to_string(kHeaderBytes) + "-byte header");
-  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
+                      std::to_string(kMegatronHeaderBytes) + "-byte header");
+  if (std::memcmp(p, kMegatronMagic, sizeof(kMegatronMagic)) != 0)
     throw fail(0, "it does not start with \"MMIDIDX\\0\\0\"");
   const auto version = load_le<std::uint64_t>(p + 9);
   if (version != 1) throw fail(9, "version " + std::to_string(version) + ", expected 1");
@@ -115,11 +125,11 @@ void IndexedFile::check_index(const std::string& idx_path) {
   documents_ = doc_entries - 1;
   // 4 + 8 bytes per sequence, 8 per document entry, and an optional mode byte per sequence;
   // counts too large for the file are refused before any multiplication can overflow.
-  const std::uint64_t body = size - kHeaderBytes;
+  const std::uint64_t body = size - kMegatronHeaderBytes;
   if (sequences_ > body / 12 || doc_entries > body / 8)
     throw fail(18, std::to_string(sequences_) + " sequences and " + std::to_string(doc_entries) +
                        " document entries do not fit in " + std::to_string(size) + " bytes");
-  lengths_at_ = kHeaderBytes;
+  lengths_at_ = kMegatronHeaderBytes;
   pointers_at_ = lengths_at_ + 4 * sequences_;
   docs_at_ = pointers_at_ + 8 * sequences_;
   const std::uint64_t end = docs_at_ + 8 * doc_entries;
@@ -182,10 +192,34 @@ void IndexedFile::check_entries(const std::string& idx_path) {
   one_sequence_per_document_ = identity;
 }
 
+namespace {
+
+/// Reads the file `m` maps into `into` (m.size() bytes) with pread: the kernel copies from its
+/// page cache, where a copy from the mapping would fault each page in first. False when the
+/// file at m.path() is no longer the one mapped, or a read fails.
+bool read_mapped_file(const MappedFile& m, std::byte* into) {
+  const int fd = ::open(m.path().c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  const std::size_t size = m.size();
+  bool ok = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_dev) == m.stat().device &&
+            static_cast<std::uint64_t>(st.st_ino) == m.stat().inode &&
+            static_cast<std::uint64_t>(st.st_size) == size;
+  for (std::size_t at = 0; ok && at < size;) {
+    const ssize_t n = ::pread(fd, into + at, size - at, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    at += ok ? static_cast<std::size_t>(n) : 0;
+  }
+  ::close(fd);
+  return ok;  // (what was read is checked entry by entry, as the mapping would be)
+}
+
+}  // namespace
+
 void IndexedFile::copy_index_into_huge_pages() {
-  idx_data_ = idx_->data();
   constexpr std::size_t kHuge = std::size_t{2} << 20;
-  const std::size_t size = idx_->size();
+  const std::size_t size = idx_size_;
   // Up to 1/16 of the memory (a 200 000-document index is 4 MB); a larger one stays mapped.
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (idx_->in_memory() || size < kHuge || pages <= 0 || page <= 0 ||
@@ -205,24 +239,18 @@ void IndexedFile::copy_index_into_huge_pages() {
   if (tail > 0) ::munmap(aligned + length, tail);
   std::shared_ptr<std::byte> copy(aligned, [length](std::byte* at) { ::munmap(at, length); });
   ::madvise(aligned, length, MADV_HUGEPAGE);
-  // Read (the kernel copies from its page cache) rather than copied from the mapping, whose
-  // every page a first touch would fault in. The same file as mapped, or the mapping is kept.
-  const int fd = ::open(idx_->path().c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  struct stat st {};
-  bool ok = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_dev) == idx_->stat().device &&
-            static_cast<std::uint64_t>(st.st_ino) == idx_->stat().inode &&
-            static_cast<std::uint64_t>(st.st_size) == size;
-  for (std::size_t at = 0; ok && at < size;) {
-    const ssize_t n = ::pread(fd, aligned + at, size - at, static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    at += ok ? static_cast<std::size_t>(n) : 0;
-  }
-  ::close(fd);
-  if (!ok) return;  // (what was read is checked entry by entry, as the mapping would be)
+  if (!read_mapped_file(*idx_, aligned)) return;  // the mapping is kept
   idx_copy_ = std::move(copy);
   idx_data_ = idx_copy_.get();
+  idx_.reset();
+}
+
+bool IndexedFile::copy_index_into(IndexCopies& copies) {
+  std::byte* at = copies.allocate(idx_size_);
+  if (!read_mapped_file(*idx_, at)) return false;
+  idx_data_ = at;
+  idx_.reset();
+  return true;
 }
 
 std::int32_t IndexedFile::length(std::uint64_t i) const {
@@ -311,20 +339,34 @@ IndexedSource::IndexedSource(std::string name, IndexedOptions options, std::uint
     open_with_remote();
     return;  // nothing is mapped to populate
   }
-  for (const auto& named : expand_named_paths(options_.paths, options_.base_dir)) {
-    auto f = std::make_unique<IndexedFile>(named.path);
-    if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())
-      throw DataError(named.path, DataError::kNoOffset,
-                      "'" + named.path + "' holds " + std::string(dtype_name(f->dtype())) +
-                          " tokens, '" + files_data_.front()->bin_name() + "' " +
-                          std::string(dtype_name(files_data_.front()->dtype())) +
-                          ": one indexed source reads one dtype");
-    // The identity is the .bin's (the tokens); the index's count is its `items`.
-    add_file({.path = f->bin_name(), .name = bin_path(named.name)}, *f->mapped_bin(),
-             options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences());
-    files_data_.push_back(std::move(f));
-  }
+  const auto pairs = expand_named_paths(options_.paths, options_.base_dir);
+  // Two files a pair. With more than a source keeps mapped, each .idx is read into memory and
+  // each .bin mapped as reads reach it, a bounded set at a time.
+  LocalMappings local(2 * pairs.size());
+  for (const auto& named : pairs) add_local_pair(named, local);
+  set_ = std::move(local).set();
+  for (const auto& f : files_data_) f->use_set(set_.get());
   start_populating();
+}
+
+void IndexedSource::check_dtype(const IndexedFile& f, const std::string& shown) const {
+  if (files_data_.empty() || f.dtype() == files_data_.front()->dtype()) return;
+  throw DataError(shown, DataError::kNoOffset,
+                  "'" + shown + "' holds " + std::string(dtype_name(f.dtype())) + " tokens, '" +
+                      files_data_.front()->bin_name() + "' " +
+                      std::string(dtype_name(files_data_.front()->dtype())) +
+                      ": one indexed source reads one dtype");
+}
+
+void IndexedSource::add_local_pair(const ExpandedPath& named, LocalMappings& local) {
+  auto f = std::make_unique<IndexedFile>(named.path, local.bounded() ? &index_copies_ : nullptr);
+  check_dtype(*f, named.path);
+  // The identity is the .bin's (the tokens); the index's count is its `items`.
+  add_file({.path = f->bin_name(), .name = bin_path(named.name)}, *f->mapped_bin(),
+           options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences());
+  std::size_t slot = 0;
+  if (local.keep(f->bin_mapping(), slot) == nullptr) f->read_bin_through_set(slot);
+  files_data_.push_back(std::move(f));
 }
 
 void IndexedSource::open_with_remote() {
@@ -372,32 +414,26 @@ void IndexedSource::open_with_remote() {
                                            cache, remote, idx_bytes);
   const auto idx_pins = ObjectCache(cache).fetch(idx_objects, remote);
   std::size_t r = 0;
+  LocalMappings local(2 * (pairs.size() - idx_objects.size()));
   for (auto& pair : pairs) {
-    const std::string shown = pair.idx ? pair.idx->url : pair.local.path;
-    auto f = pair.idx
-                 ? std::make_unique<IndexedFile>(idx_pins[r++], pair.idx->url, *blocks_, pair.bin)
-                 : std::make_unique<IndexedFile>(pair.local.path);
-    if (!files_data_.empty() && f->dtype() != files_data_.front()->dtype())
-      throw DataError(shown, DataError::kNoOffset,
-                      "'" + shown + "' holds " + std::string(dtype_name(f->dtype())) +
-                          " tokens, '" + files_data_.front()->bin_name() + "' " +
-                          std::string(dtype_name(files_data_.front()->dtype())) +
-                          ": one indexed source reads one dtype");
-    const std::uint64_t items =
-        options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences();
-    if (pair.idx) {
-      // The pair is two objects: the .bin's URL names it, and the ETag recorded is both (the
-      // index decides where each document starts: a changed .idx is other data).
-      const RemoteObject& bin = bins[pair.bin];
-      const std::string etag = bin.etag.empty() && pair.idx->etag.empty()
-                                   ? std::string()
-                                   : bin.etag + " (index " + pair.idx->etag + ")";
-      add_remote_file(bin.url, bin.size, etag, items);
-    } else {
-      add_file({.path = f->bin_name(), .name = bin_path(pair.local.name)}, *f->mapped_bin(), items);
+    if (!pair.idx) {
+      add_local_pair(pair.local, local);
+      continue;
     }
+    auto f = std::make_unique<IndexedFile>(idx_pins[r++], pair.idx->url, *blocks_, pair.bin);
+    check_dtype(*f, pair.idx->url);
+    // The pair is two objects: the .bin's URL names it, and the ETag recorded is both (the
+    // index decides where each document starts: a changed .idx is other data).
+    const RemoteObject& bin = bins[pair.bin];
+    const std::string etag = bin.etag.empty() && pair.idx->etag.empty()
+                                 ? std::string()
+                                 : bin.etag + " (index " + pair.idx->etag + ")";
+    add_remote_file(bin.url, bin.size, etag,
+                    options_.unit == IndexedUnit::kDocument ? f->documents() : f->sequences());
     files_data_.push_back(std::move(f));
   }
+  set_ = std::move(local).set();
+  for (const auto& f : files_data_) f->use_set(set_.get());
 }
 
 IndexedSource::~IndexedSource() {
@@ -480,6 +516,9 @@ void IndexedSource::plan_reads(std::span<const Ref> refs) const {
 std::optional<RecordView> IndexedSource::view(const Ref& ref, FieldId field) const {
   if (field != field_) return std::nullopt;
   const IndexedFile& f = *files_data_[ref.shard];
+  // A file of the set's: its bytes last until this thread's next read of another file, so
+  // pack and filter read() its documents.
+  if (f.in_set()) return std::nullopt;
   if (f.remote()) {
     // Blocks of a remote .bin stay where they lie only while the reader holds them all;
     // otherwise pack and filter read() its documents.
@@ -507,55 +546,14 @@ void IndexedSource::views(std::span<const Ref> refs, FieldId field,
     else
       f.prefetch_sequence(i);
   }
-  if (blocks_) {
-    // A remote .bin's views follow view()'s rule (none unless its blocks are all held).
+  if (blocks_ || set_) {
+    // A remote .bin's views follow view()'s rule (none unless its blocks are all held), and
+    // so do those of a .bin read through the set (none).
     for (std::size_t k = 0; k < refs.size(); ++k) out[k] = view(refs[k], field);
     return;
   }
   for (std::size_t k = 0; k < refs.size(); ++k)
     out[k] = RecordView{files_data_[refs[k].shard]->dtype(), record(refs[k])};
-}
-
-// ---- writing ----
-
-std::string megatron_index(DType dtype, std::span<const std::int32_t> lengths,
-                           std::span<const std::uint64_t> documents) {
-  const auto code = megatron_dtype_code(dtype);
-  if (!code)
-    throw std::invalid_argument("a Megatron index cannot hold " + std::string(dtype_name(dtype)) +
-                                " items");
-  const std::uint64_t sequences = lengths.size();
-  if (!documents.empty()) {
-    if (documents.front() != 0 || documents.back() != sequences ||
-        !std::is_sorted(documents.begin(), documents.end()))
-      throw std::invalid_argument(
-          "a Megatron document index starts at 0, never decreases and ends at the number of "
-          "sequences (" +
-          std::to_string(sequences) + ")");
-  }
-  const std::uint64_t entries = documents.empty() ? sequences + 1 : documents.size();
-  std::string out(kMagic, sizeof(kMagic));
-  out.reserve(kHeaderBytes + sequences * 12 + entries * 8);
-  auto put = [&](std::uint64_t v, std::size_t n) {
-    for (std::size_t k = 0; k < n; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
-  };
-  put(1, 8);  // version
-  put(*code, 1);
-  put(sequences, 8);
-  put(entries, 8);
-  for (const std::int32_t n : lengths) {
-    if (n < 0)
-      throw std::invalid_argument("a Megatron sequence of " + std::to_string(n) + " items");
-    put(static_cast<std::uint32_t>(n), 4);
-  }
-  const std::size_t item = dtype_size(dtype);
-  std::uint64_t at = 0;
-  for (const std::int32_t n : lengths) {
-    put(at, 8);
-    at += static_cast<std::uint64_t>(n) * item;
-  }
-  for (std::uint64_t d = 0; d < entries; ++d) put(documents.empty() ? d : documents[d], 8);
-  return out;
 }
 
 }  // namespace flowstate

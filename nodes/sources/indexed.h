@@ -2,26 +2,18 @@
 // Megatron-LM, NeMo and GPT-NeoX write): PREFIX.idx beside PREFIX.bin. `paths` match the .idx
 // files; several prefixes concatenate in order, like the other sources' files.
 //
-// PREFIX.idx, little-endian:
-//   "MMIDIDX\0\0"  u64 version (1)  u8 dtype code  u64 S (sequences)  u64 D (entries of the
-//   document index, i.e. documents + 1)  i32 lengths[S] (items)  i64 pointers[S] (byte offsets
-//   into .bin)  i64 document_index[D] (document d is sequences [doc[d], doc[d+1]))
-//   and, in multimodal sets, i8 modes[S] (ignored).
-// dtype codes: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16.
+// The layout, its dtype codes and the writer: megatron_index.h.
 //
 // A record is a sequence (`unit: sequence`) or a document (`unit: document`, the default: its
 // sequences are contiguous in .bin), read as a 1-D tensor of the file's dtype in `field`,
 // copied from the memory-mapped .bin; view() shows it where it lies without a copy (what pack
 // plans rows from). O(1) random access: global and buffer shuffle, shard and
 // exact resume work as for `records`. Opening checks the whole index against the .bin (O(S)
-// reads of the mapped index, no .bin bytes): an error names the file and the entry.
+// reads of the mapped index, no .bin bytes): an error names the file and the entry. A source
+// of more pairs than it keeps mapped (mapped_files_limit(), two files a pair) reads each .idx
+// into memory and its .bin through a MappedFileSet, mapped as reads reach it.
 //
 //   IndexedOptions o{.paths = {"data/*.idx"}, .field = "tokens"};
-//
-// Writing: PREFIX.bin is the sequences' items end to end, little-endian; megatron_index makes
-// the PREFIX.idx that describes them (`flowstate gen indexed` and the tests write through it):
-//
-//   write(prefix + ".idx", megatron_index(DType::kUInt16, lengths));  // a document a sequence
 #pragma once
 
 #include <sys/types.h>
@@ -39,6 +31,8 @@
 #include "flowstate/nodes/read_plan.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/mapped_file.h"
+#include "flowstate/nodes/sources/mapped_file_set.h"
+#include "flowstate/nodes/sources/megatron_index.h"
 #include "flowstate/nodes/sources/object_cache.h"
 #include "flowstate/nodes/sources/remote_blocks.h"
 #include "flowstate/nodes/sources/remote_options.h"
@@ -95,25 +89,27 @@ struct IndexedOptions {
 /// The `indexed` source's definition.
 const NodeDef& indexed_node();
 
-/// The dtype of Megatron's dtype code; nullopt for an unknown code.
-std::optional<DType> megatron_dtype(std::uint8_t code);
-/// Megatron's code of `dtype`; nullopt for one it cannot hold (uint32, uint64, bool).
-std::optional<std::uint8_t> megatron_dtype_code(DType dtype);
+/// Memory for the .idx files of a source with more local files than it keeps mapped (issue 23:
+/// "100 000 local files work"): each index is read into it and its mapping closed. Chunks of
+/// 64 MiB, one mapping each, rather than a mapping an index; an index over a quarter of that
+/// gets a block of its own. Not thread-safe: the source fills it while it opens its files.
+class IndexCopies {
+ public:
+  /// `bytes` bytes, 8-aligned, valid as long as this lives.
+  std::byte* allocate(std::size_t bytes);
 
-/// The bytes of a PREFIX.idx (version 1) for sequences of `lengths` items of `dtype` lying end
-/// to end in PREFIX.bin: pointers[s] is the sum of the lengths before s times the item size.
-/// `documents` is the document index (document d is sequences [documents[d],
-/// documents[d + 1])): it starts at 0, never decreases and ends at the number of sequences;
-/// empty, each sequence is a document. Throws std::invalid_argument for a dtype Megatron has
-/// no code for, a negative length or a document index other than that.
-std::string megatron_index(DType dtype, std::span<const std::int32_t> lengths,
-                           std::span<const std::uint64_t> documents = {});
+ private:
+  std::vector<std::unique_ptr<std::byte[]>> blocks_;
+  std::byte* next_ = nullptr;
+  std::size_t left_ = 0;
+};
 
 /// One opened PREFIX.idx / PREFIX.bin pair, checked.
 class IndexedFile {
  public:
   /// Maps and checks `idx_path` and the .bin beside it; DataError naming the file and entry.
-  explicit IndexedFile(const std::string& idx_path);
+  /// With `copies`, a mapped .idx is read into them and its mapping closed once checked.
+  explicit IndexedFile(const std::string& idx_path, IndexCopies* copies = nullptr);
   /// A remote pair: the .idx's cached copy `idx` (named `idx_url` in messages), and the .bin,
   /// object `bin_object` of `blocks`, read by range. Checks as the local one does.
   IndexedFile(std::shared_ptr<const CachePin> idx, const std::string& idx_url,
@@ -122,8 +118,18 @@ class IndexedFile {
   DType dtype() const { return dtype_; }
   std::uint64_t sequences() const { return sequences_; }
   std::uint64_t documents() const { return documents_; }
-  /// The mapped .bin of a local pair; null for a remote one.
+  /// The mapped .bin of a local pair; null for a remote one and one read through a set.
   const MappedFile* mapped_bin() const { return bin_.get(); }
+  /// The .bin's mapping, to hand to LocalMappings::keep (null where mapped_bin() is).
+  std::shared_ptr<const MappedFile> bin_mapping() const { return bin_; }
+  /// Closes the local .bin's mapping: its bytes are read through file `slot` of a
+  /// MappedFileSet, set by use_set() before any read.
+  void read_bin_through_set(std::size_t slot);
+  /// The set read_bin_through_set() named a file of; ignored by any other pair.
+  void use_set(const MappedFileSet* set);
+  /// Whether the .bin is read through a MappedFileSet (its bytes then last on a thread until
+  /// its next read of another file, as a remote .bin's do).
+  bool in_set() const { return in_set_; }
   /// The .bin's path, or its URL.
   const std::string& bin_name() const { return bin_name_; }
   std::uint64_t bin_size() const { return bin_size_; }
@@ -152,10 +158,12 @@ class IndexedFile {
   std::pair<std::uint64_t, std::uint64_t> document_range(std::uint64_t d) const;
   /// Bytes [begin, end) of the .bin.
   std::span<const std::byte> bin_bytes(std::uint64_t begin, std::uint64_t end) const {
-    if (blocks_ != nullptr) [[unlikely]]
-      return blocks_->read(bin_object_, begin, static_cast<std::size_t>(end - begin));
+    if (bin_data_ == nullptr) [[unlikely]]
+      return unmapped_bin_bytes(begin, end);
     return {bin_data_ + begin, static_cast<std::size_t>(end - begin)};
   }
+  /// Bytes [begin, end) of a .bin not mapped for the run: remote, in a set, or empty.
+  std::span<const std::byte> unmapped_bin_bytes(std::uint64_t begin, std::uint64_t end) const;
   std::int32_t length(std::uint64_t i) const;
   std::int64_t pointer(std::uint64_t i) const;
   std::int64_t doc(std::uint64_t d) const;
@@ -164,16 +172,25 @@ class IndexedFile {
   /// and a shuffled epoch reads them in a random order: mapped in 4 KiB pages, each page's first
   /// touch faults (~1000 for 200 000 documents), and each lookup risks a TLB miss.
   void copy_index_into_huge_pages();
+  /// Points idx_data_ at a copy of a mapped .idx in `copies` (read with pread); false when the
+  /// file could not be read again as the one mapped (idx_data_ then stays on the mapping).
+  bool copy_index_into(IndexCopies& copies);
 
-  std::shared_ptr<const MappedFile> idx_, bin_;  ///< bin_: null for a remote .bin
-  std::shared_ptr<const CachePin> idx_pin_;      ///< a remote .idx's cached copy, pinned
-  const std::byte* bin_data_ = nullptr;          ///< the mapped .bin (local)
-  const RemoteBlocks* blocks_ = nullptr;         ///< the remote .bin's reader, or null
-  std::size_t bin_object_ = 0;                   ///< the .bin among blocks_'s objects
+  /// idx_: null once a copy holds the index; bin_: null for a remote .bin and one in a set.
+  std::shared_ptr<const MappedFile> idx_, bin_;
+  std::shared_ptr<const CachePin> idx_pin_;  ///< a remote .idx's cached copy, pinned
+  const std::byte* bin_data_ = nullptr;      ///< the mapped .bin (local)
+  const RemoteBlocks* blocks_ = nullptr;     ///< the remote .bin's reader, or null
+  std::size_t bin_object_ = 0;               ///< the .bin among blocks_'s objects
+  const MappedFileSet* set_ = nullptr;       ///< the set a local .bin is read through
+  std::size_t set_slot_ = 0;                 ///< the .bin among set_'s files
+  bool in_set_ = false;
   std::string bin_name_;
   std::uint64_t bin_size_ = 0;
   std::shared_ptr<std::byte> idx_copy_;  ///< the .idx's bytes in huge pages, or null
-  const std::byte* idx_data_ = nullptr;  ///< the .idx's bytes: idx_copy_ or the mapping
+  /// The .idx's bytes: idx_copy_, a block of IndexCopies or the mapping.
+  const std::byte* idx_data_ = nullptr;
+  std::uint64_t idx_size_ = 0;
   DType dtype_ = DType::kUInt8;
   std::size_t item_ = 1;
   std::uint64_t sequences_ = 0;
@@ -202,8 +219,9 @@ class IndexedSource final : public FileSource, public ReadPlanner {
 
   std::size_t record_bytes() const override { return 0; }
   std::span<const std::byte> record(const Ref& ref) const override;
-  /// False while remote files are read by blocks that the cache does not hold all of.
-  bool stable_records() const override { return !blocks_ || blocks_->holds_all(); }
+  /// False while remote files are read by blocks that the cache does not hold all of, and
+  /// with local files read through a set.
+  bool stable_records() const override { return !set_ && (!blocks_ || blocks_->holds_all()); }
   void read(const Ref& ref, Sample& sample) const override;
   FieldId record_field() const override { return field_; }
   /// The tokens of `ref` in the mapped .bin, found from the index alone (O(1), no .bin read).
@@ -224,12 +242,21 @@ class IndexedSource final : public FileSource, public ReadPlanner {
   void start_populating();
   /// Opens the pairs `paths` name when any is a URL (a local one as before), in order.
   void open_with_remote();
+  /// Opens and checks the local pair `named` (its .idx), counts its items and hands its
+  /// mappings to `local`: kept for the run, or the .idx copied and the .bin read through set_.
+  void add_local_pair(const ExpandedPath& named, LocalMappings& local);
+  /// Refuses `f`, named `shown`, when its dtype is not the first pair's.
+  void check_dtype(const IndexedFile& f, const std::string& shown) const;
 
   IndexedOptions options_;
   FieldId field_;
   /// Reads the remote .bin files by range; null when every file is local. Declared before
   /// files_data_, which point into it: destroyed after them.
   std::unique_ptr<RemoteBlocks> blocks_;
+  /// With more local files than mapped_files_limit(): the .idx files' copies, and the set the
+  /// .bin files are read through. Declared before files_data_, which point into them.
+  IndexCopies index_copies_;
+  std::unique_ptr<MappedFileSet> set_;
   std::vector<std::unique_ptr<IndexedFile>> files_data_;
   /// Maps the .bin files' pages in; joined by the destructor in the process that started it (a
   /// forked child's copy of the source leaves it: the thread stayed in the parent).

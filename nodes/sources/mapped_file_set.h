@@ -87,6 +87,9 @@ class MappedFileSet {
 class LocalMappings {
  public:
   explicit LocalMappings(std::size_t local_files);
+  /// Whether the source has more local files than it keeps mapped (keep() then keeps none
+  /// that holds a mapping).
+  bool bounded() const { return bounded_; }
   /// `m` when the source keeps it mapped; else null, with `slot` set to its file in the set.
   std::shared_ptr<const MappedFile> keep(std::shared_ptr<const MappedFile> m, std::size_t& slot);
   /// The set of the files not kept; null when every file was kept.

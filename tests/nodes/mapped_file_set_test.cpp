@@ -1,7 +1,8 @@
 // Local files too many to keep mapped (issue 23): a bounded set of mappings, opened as reads
 // reach a file, never more than its limit held, a replaced file refused, a cut one reported;
 // and a `records` source over more files than it maps gives the batches of one that maps them
-// all, through checkpoints.
+// all, through checkpoints; so do `lines`, `tar` and `indexed` (each .idx then read into
+// memory).
 #include "flowstate/nodes/sources/mapped_file_set.h"
 
 #include <sys/stat.h>
@@ -21,6 +22,7 @@
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/nodes/builtin.h"
+#include "flowstate/nodes/sources/indexed.h"
 #include "tests/support/formats.h"
 #include "tests/support/testing.h"
 
@@ -183,19 +185,22 @@ std::vector<std::uint64_t> all_digests(Loader& loader) {
   return out;
 }
 
-TEST(RecordsSource, MoreFilesThanItMapsAreReadThroughABoundedSetWithTheSameBatches) {
-  TempDir dir;
-  const std::string glob = write_twenty_files(dir);
+/// Runs `make()`'s pipeline for two epochs with every file mapped — `mapped` mappings held
+/// while it runs — and with a set of `limit` (FLOWSTATE_MAPPED_FILES): the same batches, no
+/// mapping kept at build, and at most the set's and one held by each thread that read (the
+/// consumer's and TBB's workers) at once. Returns the number of batches.
+std::size_t expect_same_with_a_set(const std::function<Pipeline()>& make, std::size_t mapped,
+                                   std::size_t limit) {
   const std::size_t before = live_mappings();
   std::vector<std::uint64_t> mapped_all;
   {
-    Loader all(records_pipeline(glob), {.epochs = 2});
-    EXPECT_EQ(live_mappings(), before + 20);
+    Loader all(make(), {.epochs = 2});
+    EXPECT_EQ(live_mappings(), before + mapped);
     mapped_all = all_digests(all);
   }
-  ASSERT_EQ(mapped_all.size(), 2u * 20 * 80 / 32);
-  ScopedEnv env("FLOWSTATE_MAPPED_FILES", "4");
-  Loader bounded(records_pipeline(glob), {.epochs = 2});
+  EXPECT_GT(mapped_all.size(), 4u);
+  ScopedEnv env("FLOWSTATE_MAPPED_FILES", std::to_string(limit));
+  Loader bounded(make(), {.epochs = 2});
   EXPECT_EQ(live_mappings(), before);  // checked and closed when built
   std::vector<std::uint64_t> got;
   std::size_t most = 0;
@@ -204,9 +209,16 @@ TEST(RecordsSource, MoreFilesThanItMapsAreReadThroughABoundedSetWithTheSameBatch
     most = std::max(most, live_mappings() - before);
   }
   EXPECT_EQ(got, mapped_all);
-  // The set's 4, and one held by each thread that read (the consumer's and TBB's workers).
   EXPECT_GT(most, 0u);
-  EXPECT_LE(most, 4u + 2 + std::thread::hardware_concurrency());
+  EXPECT_LE(most, limit + 2 + std::thread::hardware_concurrency());
+  return got.size();
+}
+
+TEST(RecordsSource, MoreFilesThanItMapsAreReadThroughABoundedSetWithTheSameBatches) {
+  TempDir dir;
+  const std::string glob = write_twenty_files(dir);
+  EXPECT_EQ(expect_same_with_a_set([&] { return records_pipeline(glob); }, 20, 4),
+            2u * 20 * 80 / 32);
 }
 
 TEST(RecordsSource, ABoundedSetOfMappedFilesPassesTheSaveRestoreOracle) {
@@ -215,22 +227,6 @@ TEST(RecordsSource, ABoundedSetOfMappedFilesPassesTheSaveRestoreOracle) {
   ScopedEnv env("FLOWSTATE_MAPPED_FILES", "3");
   testing::expect_save_restore([&] { return records_pipeline(glob); }, {.epochs = 2},
                                {.epochs = 2});
-}
-
-/// Batch digests of `make()`'s pipeline over two epochs, with every file mapped and with a
-/// set of 2 (FLOWSTATE_MAPPED_FILES=2), and whether the second saw no mapping kept at build.
-void expect_same_with_a_set(const std::function<Pipeline()>& make) {
-  std::vector<std::uint64_t> mapped_all;
-  {
-    Loader all(make(), {.epochs = 2});
-    mapped_all = all_digests(all);
-  }
-  ASSERT_GT(mapped_all.size(), 4u);
-  ScopedEnv env("FLOWSTATE_MAPPED_FILES", "2");
-  const std::size_t before = live_mappings();
-  Loader bounded(make(), {.epochs = 2});
-  EXPECT_EQ(live_mappings(), before);
-  EXPECT_EQ(all_digests(bounded), mapped_all);
 }
 
 TEST(LinesSource, MoreFilesThanItMapsAreReadThroughABoundedSetWithTheSameBatches) {
@@ -243,16 +239,18 @@ TEST(LinesSource, MoreFilesThanItMapsAreReadThroughABoundedSetWithTheSameBatches
     testing::write_lines(dir / ("t" + std::to_string(f) + ".txt"), lines);
   }
   // Pack reads views of mapped files and copies of the set's: the same rows either way.
-  expect_same_with_a_set([&] {
-    return Pipeline::Builder()
-        .seed(9)
-        .workers(2)
-        .lines({.paths = {dir / "*.txt"}})
-        .shuffle({.mode = ShuffleMode::kGlobal})
-        .pack({.length = 512, .field = "text", .separator = 10})
-        .batch({.size = 8})
-        .build();
-  });
+  expect_same_with_a_set(
+      [&] {
+        return Pipeline::Builder()
+            .seed(9)
+            .workers(2)
+            .lines({.paths = {dir / "*.txt"}})
+            .shuffle({.mode = ShuffleMode::kGlobal})
+            .pack({.length = 512, .field = "text", .separator = 10})
+            .batch({.size = 8})
+            .build();
+      },
+      6, 2);
 }
 
 TEST(TarSource, MoreFilesThanItMapsAreReadThroughABoundedSetWithTheSameBatches) {
@@ -265,16 +263,67 @@ TEST(TarSource, MoreFilesThanItMapsAreReadThroughABoundedSetWithTheSameBatches) 
                                      static_cast<char>('a' + (i + f) % 26))});
     testing::write_tar(dir / ("w" + std::to_string(f) + ".tar"), members);
   }
-  expect_same_with_a_set([&] {
-    return Pipeline::Builder()
-        .seed(4)
-        .workers(2)
-        .tar({.paths = {dir / "*.tar"}, .fields = {"tokens"}})
-        .shuffle({.mode = ShuffleMode::kGlobal})
-        .pack({.length = 1024, .separator = 0})
-        .batch({.size = 4})
-        .build();
-  });
+  expect_same_with_a_set(
+      [&] {
+        return Pipeline::Builder()
+            .seed(4)
+            .workers(2)
+            .tar({.paths = {dir / "*.tar"}, .fields = {"tokens"}})
+            .shuffle({.mode = ShuffleMode::kGlobal})
+            .pack({.length = 1024, .separator = 0})
+            .batch({.size = 4})
+            .build();
+      },
+      5, 2);
+}
+
+/// Under `dir`, `pairs` Megatron pairs p<k>.idx / p<k>.bin of 3 400 documents of 8 to 40
+/// uint16 tokens: each .idx ~68 KiB and each .bin ~160 KiB, both mapped.
+void write_indexed_pairs(const TempDir& dir, int pairs) {
+  for (int k = 0; k < pairs; ++k) {
+    std::vector<std::int32_t> lengths;
+    std::string bin;
+    for (int d = 0; d < 3400; ++d) {
+      const int n = 8 + (d * 13 + k * 5) % 33;
+      lengths.push_back(n);
+      for (int t = 0; t < n; ++t) {
+        const auto token = static_cast<std::uint16_t>(1 + (d * 31 + t * 7 + k) % 50000);
+        bin.append(reinterpret_cast<const char*>(&token), 2);
+      }
+    }
+    const std::string prefix = dir / ("p" + std::to_string(k));
+    testing::write_file(prefix + ".idx", megatron_index(DType::kUInt16, lengths));
+    testing::write_file(prefix + ".bin", bin);
+  }
+}
+
+Pipeline indexed_pipeline(const TempDir& dir, IndexedUnit unit = IndexedUnit::kDocument) {
+  return Pipeline::Builder()
+      .seed(6)
+      .workers(2)
+      .add(indexed_node(), IndexedOptions{.paths = {dir / "*.idx"}, .unit = unit})
+      .shuffle({.mode = ShuffleMode::kGlobal})
+      .pack({.length = 256, .separator = 0})
+      .batch({.size = 8})
+      .build();
+}
+
+TEST(IndexedSource, MorePairsThanItMapsAreReadThroughABoundedSetWithTheSameBatches) {
+  TempDir dir;
+  write_indexed_pairs(dir, 10);
+  // Every .idx and .bin mapped for the run (an index under 2 MiB is not copied); over a limit
+  // of 4, each .idx read into memory and each .bin read through the set. Pack reads copies of
+  // the set's documents where it viewed the mapped ones: the same rows.
+  EXPECT_GT(expect_same_with_a_set([&] { return indexed_pipeline(dir); }, 20, 4), 50u);
+}
+
+TEST(IndexedSource, ABoundedSetOfMappedFilesPassesTheSaveRestoreOracle) {
+  TempDir dir;
+  write_indexed_pairs(dir, 4);
+  ScopedEnv env("FLOWSTATE_MAPPED_FILES", "3");
+  for (const IndexedUnit unit : {IndexedUnit::kDocument, IndexedUnit::kSequence})
+    testing::expect_save_restore([&] { return indexed_pipeline(dir, unit); }, {.epochs = 2},
+                                 {.epochs = 2});
 }
 
 }  // namespace
