@@ -23,33 +23,23 @@
 
 namespace flowstate {
 
+CacheLock::CacheLock(const std::filesystem::path& path) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw DataError(path.string(), DataError::kNoOffset,
+                    "cannot open the cache lock '" + path.string() + "': " + std::strerror(errno));
+  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+  }
+}
+
+CacheLock::~CacheLock() { ::close(fd_); }  // closing releases the lock
+
 namespace {
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "" : v;
 }
-
-/// The cache's lock, held for a scope. Each holder opens the lock file itself: flock excludes
-/// open file descriptions, so threads of one process exclude each other too.
-class CacheLock {
- public:
-  explicit CacheLock(const std::filesystem::path& path) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw DataError(
-          path.string(), DataError::kNoOffset,
-          "cannot open the cache lock '" + path.string() + "': " + std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-    }
-  }
-  ~CacheLock() { ::close(fd_); }  // closing releases the lock
-  CacheLock(const CacheLock&) = delete;
-  CacheLock& operator=(const CacheLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
 
 bool ends_with(const std::string& s, std::string_view tail) { return s.ends_with(tail); }
 

@@ -8,6 +8,8 @@
 //                                 (or a block of one: bytes [a, b) of it, the range hashed too)
 //   objects/<32 hex>.obj.fsidx    a source's index of that copy (tar, lines), evicted with it
 //   partial/<32 hex>.<pid>.<n>.part  a download in progress, sized to the object's bytes
+//   reservations/PID, PID_*       what each process's sources reserve of the limit: empty
+//                                 files (nodes/sources/cache_reservations.h)
 //
 // A download writes a partial file (created at the object's size, so the directory's bytes
 // count it whole from the start), fsyncs it, and renames it into objects/ under the lock: a
@@ -63,6 +65,20 @@ struct CacheSettings {
 /// Parses a byte size: digits, then optionally B, KB, MB, GB, TB (powers of 1000) or KiB, MiB,
 /// GiB, TiB (powers of 1024), a space allowed before the unit. Throws ConfigError under `key`.
 std::uint64_t parse_byte_size(const std::string& text, const std::string& key);
+
+/// The cache's lock (DIR/lock), held for a scope. Each holder opens the lock file itself: flock
+/// excludes open file descriptions, so threads of one process exclude each other too. Throws
+/// DataError naming the file when it cannot be opened.
+class CacheLock {
+ public:
+  explicit CacheLock(const std::filesystem::path& path);
+  ~CacheLock();
+  CacheLock(const CacheLock&) = delete;
+  CacheLock& operator=(const CacheLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 /// A cached copy held open for reading: it is not evicted while a Pin of it lives.
 class CachePin {

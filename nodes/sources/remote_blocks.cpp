@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/cache_reservations.h"
 
 namespace flowstate {
 
@@ -124,31 +125,51 @@ RemoteBlocks::RemoteBlocks(std::vector<RemoteObject> objects, std::size_t lookah
   const std::uint64_t need = blocks_needed(sizes, block_, lookahead_);
   std::uint64_t total = 0;
   for (const std::uint64_t size : sizes) total += size;
-  hold_all_ = total <= budget_;
+  // Beside what the other processes sharing the directory reserve (cache_reservations.h):
+  // every block is held when they all fit there, and the look-ahead must.
+  // Other processes holding every block of the same objects hold the same copies (a share).
+  share_ = objects_share(objects_, block_);
+  std::uint64_t room = budget_;
+  const auto check = [&](const std::vector<ProcessReservation>& processes) {
+    const std::uint64_t elsewhere = reserved_bytes(processes, share_);
+    room = budget_ > elsewhere ? budget_ - elsewhere : 0;
+    if (need > room) {
+      const std::string& key = cache_.settings().limit_key;
+      throw ConfigError(
+          key,
+          "the cache limit " + bytes_text(limit) +
+              (reserved > 0 ? " (less the " + bytes_text(reserved) + " of the source's index files)"
+                            : std::string()) +
+              (processes.empty() ? std::string()
+                                 : " of '" + cache_.settings().dir.string() + "' (less the " +
+                                       bytes_text(elsewhere) + " that " +
+                                       describe_other_processes(processes) + " reserve of it)") +
+              " is smaller than the " + bytes_text(need) +
+              " of the blocks the look-ahead holds together (lookahead: " +
+              std::to_string(lookahead_) + " blocks of up to " + bytes_text(block_) +
+              " ahead of the one read); raise " + key +
+              " or lower the source's lookahead or FLOWSTATE_REMOTE_BLOCK" +
+              (processes.empty() ? std::string()
+                                 : ", or give each process a cache directory of its own"));
+    }
+    hold_all_ = total <= room;
+    if (hold_all_) return std::vector<CacheClaim>{{.bytes = total + reserved, .share = share_}};
+    return std::vector<CacheClaim>{{.bytes = need + reserved}};
+  };
+  shared_ = std::make_unique<CacheReservation>(cache_.settings(), check);
   plan_on_ = remote_plan_from_environment();
   // The plan's pins: the limit less the look-ahead's least (lookahead + 1 of the largest blocks),
   // left to the blocks just read — a record is read again right after (the assembler's gather
   // asks for a record a few ahead, then copies it) — and to the block a read downloads itself;
-  // but at least `lookahead` of the largest blocks, which the check below leaves room for.
+  // but at least `lookahead` of the largest blocks, which the check above leaves room for.
   plan_budget_ = std::max(lookahead_ > 1 ? blocks_needed(sizes, block_, lookahead_ - 1)
                                          : blocks_needed(sizes, block_, 0),
-                          budget_ > need ? budget_ - need : 0);
+                          room > need ? room - need : 0);
   populate_ = hold_all_ && fits_a_quarter_of_memory(total);
   if (hold_all_) {
     published_ = std::make_unique<std::atomic<const MappedFile*>[]>(first_.back());
     for (std::uint64_t g = 0; g < first_.back(); ++g) published_[g].store(nullptr);
   }
-  if (need > budget_)
-    throw ConfigError(
-        cache_.settings().limit_key,
-        "the cache limit " + bytes_text(limit) +
-            (reserved > 0 ? " (less the " + bytes_text(reserved) + " of the source's index files)"
-                          : std::string()) +
-            " is smaller than the " + bytes_text(need) +
-            " of the blocks the look-ahead holds together (lookahead: " +
-            std::to_string(lookahead_) + " blocks of up to " + bytes_text(block_) +
-            " ahead of the one read); raise " + cache_.settings().limit_key +
-            " or lower the source's lookahead or FLOWSTATE_REMOTE_BLOCK");
   // `connections` downloaders, fewer than the look-ahead's blocks when not all are held.
   const auto connections = static_cast<std::uint64_t>(std::max(1, remote_.connections));
   const std::size_t downloaders = static_cast<std::size_t>(
@@ -441,7 +462,12 @@ std::shared_ptr<const MappedFile> RemoteBlocks::open(std::uint64_t g) const {
 }
 
 bool RemoteBlocks::make_room(std::uint64_t bytes, bool for_read) const {
-  while (held_bytes_ + bytes > budget_) {
+  // The limit less what other processes reserve of the directory now: room borrowed while
+  // they were not there is given back here.
+  const std::uint64_t elsewhere =
+      reserved_bytes(other_reservations(cache_.settings().dir), hold_all_ ? share_ : "");
+  const std::uint64_t room = budget_ > elsewhere ? budget_ - elsewhere : 0;
+  while (held_bytes_ + bytes > room) {
     auto victim = slots_.end();
     auto planned_victim = slots_.end();  // a block pinned for the plan, read the latest
     bool in_flight = false;

@@ -134,6 +134,8 @@ struct BlockReadStats {
 bool remote_plan_from_environment();
 
 /// Remote objects read by range through the local cache (see the file comment). Thread-safe.
+class CacheReservation;  // nodes/sources/cache_reservations.h
+
 class RemoteBlocks {
  public:
   /// Reads `objects` (in the source's file order) in blocks of `block_bytes`, holding
@@ -227,6 +229,10 @@ class RemoteBlocks {
   std::uint64_t block_;
   std::uint64_t lookahead_;
   std::uint64_t budget_;  ///< the cache limit less `reserved`
+  /// What this reader reserves of the directory (every block, or its look-ahead's, and
+  /// `reserved`), seen by the other processes that share it.
+  std::unique_ptr<CacheReservation> shared_;
+  std::string share_;  ///< the share of this reader's blocks (objects_share)
   RemoteSettings remote_;
   mutable ObjectCache cache_;
   const std::uint64_t id_;  ///< this reader among all (the threads' held mapping names it)

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "flowstate/core/error.h"
+#include "flowstate/nodes/sources/cache_reservations.h"
 #include "flowstate/nodes/sources/file_source.h"
 #include "flowstate/nodes/sources/remote_listing.h"
 #include "flowstate/nodes/sources/remote_options.h"
@@ -144,6 +145,7 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
   reservation_ = need;
   // The other windows of this process over the same cache reserve their share of the limit
   // too — but not those of a runtime this build replaces (same Loader, another build).
+  // So do the other processes of this machine that share the directory (cache_reservations.h).
   budget_ = budget_of(cache_.settings().dir);
   {
     std::lock_guard lock(budget_->mu);
@@ -156,16 +158,26 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
       others += m.reserve;
       ++count;
     }
-    if (others + need > limit)
+    const auto check = [&](const std::vector<ProcessReservation>& processes) {
+      const std::uint64_t elsewhere = reserved_bytes(processes);
+      if (others + need + elsewhere <= limit) return std::vector<CacheClaim>{{.bytes = need}};
+      const std::string key = cache_.settings().limit_key;
       throw ConfigError(
-          cache_.settings().limit_key,
-          "the cache limit " + bytes_text(limit) + " of '" + cache_.settings().dir.string() +
-              "' is smaller than the " + bytes_text(others + need) + " the look-ahead windows of " +
-              std::to_string(count + 1) + " remote sources of this process reserve together (" +
-              bytes_text(need) + " for this one's lookahead of " + std::to_string(lookahead_) +
-              " files and one more, " + bytes_text(others) + " for " + std::to_string(count) +
-              " other" + (count == 1 ? "" : "s") + "); raise " + cache_.settings().limit_key +
-              " or lower the sources' lookahead");
+          key, "the cache limit " + bytes_text(limit) + " of '" + cache_.settings().dir.string() +
+                   "' is smaller than the " + bytes_text(others + need + elsewhere) +
+                   " the look-ahead windows of " + std::to_string(count + 1) +
+                   " remote sources of this process reserve together (" + bytes_text(need) +
+                   " for this one's lookahead of " + std::to_string(lookahead_) +
+                   " files and one more, " + bytes_text(others) + " for " + std::to_string(count) +
+                   " other" + (count == 1 ? "" : "s") + ")" +
+                   (processes.empty()
+                        ? "; raise " + key + " or lower the sources' lookahead"
+                        : " with the " + bytes_text(elsewhere) + " that " +
+                              describe_other_processes(processes) + " reserve of it; raise " + key +
+                              ", lower the sources' lookahead or give each process a "
+                              "cache directory of its own"));
+    };
+    shared_ = std::make_unique<CacheReservation>(cache_.settings(), check);
     budget_->members[id_] = {.window = this, .reserve = need, .held = 0, .tag = tag};
   }
   const std::size_t downloaders =
@@ -252,9 +264,13 @@ void RemoteWindow::unpin(std::size_t j) {
 }
 
 bool RemoteWindow::claim(std::uint64_t bytes) {
+  // The limit less what other processes reserve of the directory now: room borrowed while
+  // they were not there is given back here.
   const std::uint64_t limit = cache_.settings().limit;
+  const std::uint64_t elsewhere = reserved_bytes(other_reservations(cache_.settings().dir));
+  const std::uint64_t room = limit - std::min(limit, elsewhere);
   for (;;) {
-    if (budget_->admit(id_, bytes, limit)) return true;
+    if (budget_->admit(id_, bytes, room)) return true;
     std::size_t victim = slots_.size();
     for (std::size_t j = 0; j < slots_.size(); ++j) {
       const Slot& s = slots_[j];
@@ -304,8 +320,10 @@ bool RemoteWindow::claim_waiting(std::size_t k, std::unique_lock<std::mutex>& lo
       } else if (now > *deadline) {
         throw DataError(objects_[k].url, DataError::kNoOffset,
                         "cannot hold '" + objects_[k].url + "' (" + bytes_text(objects_[k].size) +
-                            "): the cache limit " + bytes_text(cache_.settings().limit) +
-                            " is held by the look-ahead of other sources of this process");
+                            "): the cache limit " + bytes_text(cache_.settings().limit) + " of '" +
+                            cache_.settings().dir.string() +
+                            "' is held by the look-ahead of other sources of this process, or "
+                            "by other processes that share the directory");
       }
     }
     changed_.wait_for(lock, std::chrono::milliseconds(20));

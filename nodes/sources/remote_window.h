@@ -31,10 +31,10 @@
 // their look-ahead). So windows of one process never wait for each other's copies. A
 // runtime that a Loader's rebuild replaces is not counted against the new one's reservations
 // (its windows are gone before the new one reads). Across processes (MPI ranks on one
-// machine) nothing is shared but the cache's own rules: each process's windows count the
-// whole limit as theirs, and a download that needs bytes another process holds pinned waits
-// for them up to the remote timeout, then is a DataError — give each process its own cache
-// directory, or a limit that holds every process's look-ahead and one more.
+// machine, other jobs) the reservations are claims in the directory (cache_reservations.h):
+// a window's build counts the other processes' claims too, and its downloads leave them free;
+// a download that needs bytes another process borrowed and still pins waits for them up to
+// the remote timeout, then is a DataError.
 //
 // A global record shuffle reads files at random: every file is then in use all epoch, and a
 // cache that cannot hold the source downloads a file again for most reads of a file it
@@ -90,6 +90,7 @@ std::vector<SourceFile> list_source_files(const std::vector<std::string>& patter
                                           const SourceRemote* remote = nullptr);
 
 struct WindowBudget;
+class CacheReservation;  // nodes/sources/cache_reservations.h
 
 /// Remote objects read through the local cache, a bounded window of them at a time (see the
 /// file comment). Thread-safe.
@@ -188,6 +189,8 @@ class RemoteWindow {
   const std::uint64_t id_;  ///< this window among all (the threads' held mapping names it)
   std::uint64_t reservation_ = 0;
   std::shared_ptr<WindowBudget> budget_;  ///< the process's budget of this cache directory
+  /// reservation_, seen by the other processes that share the directory.
+  std::unique_ptr<CacheReservation> shared_;
 
   mutable std::mutex mu_;
   std::condition_variable changed_;  ///< a slot was published or failed

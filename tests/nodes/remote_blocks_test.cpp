@@ -27,14 +27,9 @@ namespace flowstate {
 namespace {
 
 using testing::cache_copy_pinned;
+using testing::fast_failing_remote;
 using testing::TempDir;
-
-RemoteObject unreachable(const std::string& name, std::uint64_t size) {
-  return {.url = "https://example.invalid/" + name,
-          .fetch_url = "http://127.0.0.1:1/" + name,
-          .size = size,
-          .etag = "\"e-" + name + "\""};
-}
+using testing::unreachable_object;
 
 /// Byte i of the test object: its position, mixed.
 char byte_at(std::uint64_t i) { return static_cast<char>((i * 131 + i / 7) & 0xff); }
@@ -47,14 +42,6 @@ void seed_block(const TempDir& dir, const RemoteObject& o, std::uint64_t block, 
   for (std::uint64_t i = 0; i < r.length; ++i) bytes[i] = byte_at(r.offset + i);
   std::ofstream(dir / ("objects/" + block_key(o, r.offset, r.length) + ".obj"), std::ios::binary)
       << bytes;
-}
-
-RemoteSettings fast_failing() {
-  RemoteSettings s;
-  s.attempts = 1;
-  s.timeout = std::chrono::milliseconds(500);
-  s.connections = 2;
-  return s;
 }
 
 /// Whether some process holds block `k`'s copy pinned (a shared flock on it).
@@ -82,7 +69,7 @@ TEST(RemoteBlocks, BlockArithmetic) {
 }
 
 TEST(RemoteBlocks, BlockKeysNeverNameAWholeCopyAndDifferByRange) {
-  const RemoteObject o = unreachable("a.bin", 8192);
+  const RemoteObject o = unreachable_object("a.bin", 8192);
   EXPECT_NE(block_key(o, 0, 8192), cache_key(o));
   EXPECT_NE(block_key(o, 0, 4096), block_key(o, 4096, 4096));
   EXPECT_EQ(block_key(o, 0, 4096).size(), 32u);
@@ -93,10 +80,12 @@ TEST(RemoteBlocks, BlockKeysNeverNameAWholeCopyAndDifferByRange) {
 
 TEST(RemoteBlocks, ALimitBelowTheLookAheadIsAConfigErrorBeforeAnyRequest) {
   TempDir dir;
-  const std::vector<RemoteObject> objects{unreachable("a.bin", 40000), unreachable("b", 9000)};
+  const std::vector<RemoteObject> objects{unreachable_object("a.bin", 40000),
+                                          unreachable_object("b", 9000)};
   const auto before = remote_request_counts().gets;
   try {
-    RemoteBlocks blocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13000}, fast_failing(),
+    RemoteBlocks blocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13000},
+                        fast_failing_remote(),
                         /*reserved=*/1000);
     FAIL() << "no error";
   } catch (const ConfigError& e) {
@@ -109,19 +98,19 @@ TEST(RemoteBlocks, ALimitBelowTheLookAheadIsAConfigErrorBeforeAnyRequest) {
         << m;
   }
   EXPECT_EQ(remote_request_counts().gets, before);
-  EXPECT_NO_THROW(
-      RemoteBlocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13288}, fast_failing(), 1000));
-  EXPECT_THROW(
-      RemoteBlocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13287}, fast_failing(), 1000),
-      ConfigError);
+  EXPECT_NO_THROW(RemoteBlocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13288},
+                               fast_failing_remote(), 1000));
+  EXPECT_THROW(RemoteBlocks(objects, 2, 4096, {.dir = dir.path(), .limit = 13287},
+                            fast_failing_remote(), 1000),
+               ConfigError);
 }
 
 TEST(RemoteBlocks, ReadsOfCachedBlocksAreTheBytesWithinAndAcrossBlocksWithoutARequest) {
   TempDir dir;
-  const RemoteObject o = unreachable("tokens.bin", 5 * 4096 + 100);
+  const RemoteObject o = unreachable_object("tokens.bin", 5 * 4096 + 100);
   for (std::uint64_t k = 0; k < block_count(o.size, 4096); ++k) seed_block(dir, o, 4096, k);
   const auto before = remote_request_counts().gets;
-  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 1 << 20}, fast_failing());
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 1 << 20}, fast_failing_remote());
   auto expect_bytes = [&](std::uint64_t offset, std::size_t length) {
     const auto got = blocks.read(0, offset, length);
     ASSERT_EQ(got.size(), length);
@@ -140,10 +129,10 @@ TEST(RemoteBlocks, ReadsOfCachedBlocksAreTheBytesWithinAndAcrossBlocksWithoutARe
 
 TEST(RemoteBlocks, BlocksTheReadsLeftBehindAreUnpinnedWhenTheLimitNeedsRoom) {
   TempDir dir;
-  const RemoteObject o = unreachable("r.bin", 16 * 4096);
+  const RemoteObject o = unreachable_object("r.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
   // Room for 3 blocks (not all 16: none is held for good); a look-ahead of 1: the block read.
-  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing_remote());
   // Random reads (jumps: no look-ahead), each of a block of its own.
   for (const std::uint64_t k : {10u, 3u, 14u, 7u, 12u}) {
     blocks.read(0, k * 4096 + 1, 10);
@@ -159,9 +148,9 @@ TEST(RemoteBlocks, BlocksTheReadsLeftBehindAreUnpinnedWhenTheLimitNeedsRoom) {
 
 TEST(RemoteBlocks, WhenTheLimitHoldsEveryBlockAllArePinnedAndViewsStayValid) {
   TempDir dir;
-  const RemoteObject o = unreachable("all.bin", 6 * 4096 + 10);
+  const RemoteObject o = unreachable_object("all.bin", 6 * 4096 + 10);
   for (std::uint64_t k = 0; k < block_count(o.size, 4096); ++k) seed_block(dir, o, 4096, k);
-  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing());
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing_remote());
   ASSERT_TRUE(blocks.holds_all());
   const auto across = blocks.view(0, 4000, 5000);  // blocks 0 to 2
   const auto within = blocks.view(0, 4096 * 6 + 1, 9);
@@ -185,16 +174,17 @@ TEST(RemoteBlocks, WhenTheLimitHoldsEveryBlockAllArePinnedAndViewsStayValid) {
     ASSERT_EQ(static_cast<char>(within[i]), byte_at(4096 * 6 + 1 + i)) << i;
   EXPECT_EQ(blocks.view(0, 4000, 5000).data(), across.data());  // copied once, kept
   // One byte less and the limit no longer holds them all.
-  EXPECT_FALSE(RemoteBlocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size - 1}, fast_failing())
-                   .holds_all());
+  EXPECT_FALSE(
+      RemoteBlocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size - 1}, fast_failing_remote())
+          .holds_all());
 }
 
 TEST(RemoteBlocks, AReaderThatHoldsEveryBlockPinsAllCachedOnesAtItsFirstRead) {
   TempDir dir;
-  const RemoteObject o = unreachable("warm.bin", 6 * 4096 + 10);
+  const RemoteObject o = unreachable_object("warm.bin", 6 * 4096 + 10);
   // Blocks 0 to 5 cached; block 6 not (its download fails: the server is unreachable).
   for (std::uint64_t k = 0; k < 6; ++k) seed_block(dir, o, 4096, k);
-  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing());
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing_remote());
   ASSERT_TRUE(blocks.holds_all());
   const auto first = blocks.view(0, 4096 * 5 + 3, 20);
   // Every cached block is pinned (and mapped) by the first read, not later by the downloaders.
@@ -212,9 +202,9 @@ TEST(RemoteBlocks, AReaderThatHoldsEveryBlockPinsAllCachedOnesAtItsFirstRead) {
 
 TEST(RemoteBlocks, AFailedBlockDownloadIsADataErrorNamingTheUrlAndTheRange) {
   TempDir dir;
-  const RemoteObject o = unreachable("gone.bin", 3 * 4096);
+  const RemoteObject o = unreachable_object("gone.bin", 3 * 4096);
   seed_block(dir, o, 4096, 0);
-  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 1 << 20}, fast_failing());
+  RemoteBlocks blocks({o}, 1, 4096, {.dir = dir.path(), .limit = 1 << 20}, fast_failing_remote());
   EXPECT_NO_THROW(blocks.read(0, 0, 10));
   try {
     blocks.read(0, 4096 * 2 + 1, 10);
@@ -260,10 +250,10 @@ PlannedRead at(std::uint64_t offset, std::uint64_t length = 10) { return {0, off
 TEST(RemoteBlocksPlan, ThePlanDownloadsItsBlocksInOrderWithinTheLimitLessOneBlock) {
   TempDir dir;
   PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");  // off by default
-  const RemoteObject o = unreachable("p.bin", 16 * 4096);
+  const RemoteObject o = unreachable_object("p.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
   // Room for 3 blocks: a look-ahead of 2 (the plan's pins) and the block a read downloads.
-  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing_remote());
   ASSERT_TRUE(blocks.plans());
   // Reads of blocks 10, 3, 5, then one across 5 and 6, then 12: random, as a global shuffle's.
   const std::vector<PlannedRead> reads{at(10 * 4096 + 7), at(3 * 4096), at(5 * 4096 + 100),
@@ -299,9 +289,9 @@ TEST(RemoteBlocksPlan, ThePlanDownloadsItsBlocksInOrderWithinTheLimitLessOneBloc
 TEST(RemoteBlocksPlan, APlannedBlockStaysPinnedUntilItsLastPlannedRead) {
   TempDir dir;
   PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");  // off by default
-  const RemoteObject o = unreachable("q.bin", 20 * 4096);
+  const RemoteObject o = unreachable_object("q.bin", 20 * 4096);
   for (std::uint64_t k = 0; k < 20; ++k) seed_block(dir, o, 4096, k);
-  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing_remote());
   const std::vector<PlannedRead> plan{at(7 * 4096), at(9 * 4096), at(7 * 4096 + 50)};
   blocks.plan(plan);
   ASSERT_TRUE(eventually([&] { return pinned(dir, o, 4096, 7) && pinned(dir, o, 4096, 9); }));
@@ -325,10 +315,10 @@ TEST(RemoteBlocksPlan, APlannedBlockStaysPinnedUntilItsLastPlannedRead) {
 TEST(RemoteBlocksPlan, APlanNeverKeepsAReadWaitingOnTheLeastLimit) {
   TempDir dir;
   PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");  // off by default
-  const RemoteObject o = unreachable("w.bin", 16 * 4096);
+  const RemoteObject o = unreachable_object("w.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
   // The least limit: the look-ahead's 2 blocks and one.
-  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+  RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing_remote());
   // A plan whose reads never come (a run that stops), holding the plan's two blocks.
   blocks.plan(std::vector<PlannedRead>{at(1 * 4096), at(2 * 4096), at(4 * 4096)});
   ASSERT_TRUE(eventually([&] { return pinned(dir, o, 4096, 1) && pinned(dir, o, 4096, 2); }));
@@ -350,20 +340,23 @@ TEST(RemoteBlocksPlan, APlanNeverKeepsAReadWaitingOnTheLeastLimit) {
 
 TEST(RemoteBlocksPlan, ThePlanIsOffUnlessFlowstateRemotePlanIs1AndAHeldSourceNeedsNone) {
   TempDir dir;
-  const RemoteObject o = unreachable("e.bin", 16 * 4096);
+  const RemoteObject o = unreachable_object("e.bin", 16 * 4096);
   for (std::uint64_t k = 0; k < 16; ++k) seed_block(dir, o, 4096, k);
   // Off by default: FLOWSTATE_REMOTE_PLAN unset (PlanEnv leaves it unset).
   ::unsetenv("FLOWSTATE_REMOTE_PLAN");
   EXPECT_FALSE(
-      RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing()).plans());
+      RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing_remote())
+          .plans());
   {
     PlanEnv on("FLOWSTATE_REMOTE_PLAN", "1");
     EXPECT_TRUE(
-        RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing()).plans());
+        RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing_remote())
+            .plans());
   }
   {
     PlanEnv off("FLOWSTATE_REMOTE_PLAN", "0");
-    RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+    RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096},
+                        fast_failing_remote());
     EXPECT_FALSE(blocks.plans());
     blocks.plan(std::vector<PlannedRead>{at(9 * 4096)});
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -373,7 +366,8 @@ TEST(RemoteBlocksPlan, ThePlanIsOffUnlessFlowstateRemotePlanIs1AndAHeldSourceNee
   {
     PlanEnv bad("FLOWSTATE_REMOTE_PLAN", "yes");
     try {
-      RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096}, fast_failing());
+      RemoteBlocks blocks({o}, 2, 4096, {.dir = dir.path(), .limit = 3 * 4096},
+                          fast_failing_remote());
       FAIL() << "no error";
     } catch (const ConfigError& e) {
       EXPECT_EQ(e.key(), "FLOWSTATE_REMOTE_PLAN");
@@ -381,7 +375,8 @@ TEST(RemoteBlocksPlan, ThePlanIsOffUnlessFlowstateRemotePlanIs1AndAHeldSourceNee
   }
   // A reader that holds every block downloads them all: nothing to plan.
   EXPECT_FALSE(
-      RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing()).plans());
+      RemoteBlocks({o}, 2, 4096, {.dir = dir.path(), .limit = o.size}, fast_failing_remote())
+          .plans());
 }
 
 }  // namespace

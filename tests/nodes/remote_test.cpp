@@ -25,7 +25,9 @@
 namespace flowstate {
 namespace {
 
+using testing::fast_failing_remote;
 using testing::TempDir;
+using testing::unreachable_object;
 
 /// Sets an environment variable for a scope, restoring the old value after.
 class ScopedEnv {
@@ -157,13 +159,6 @@ TEST(ObjectCache, ByteSizes) {
 
 /// An object at a port nothing listens on: a download fails at once, so a test sees the
 /// cache's decisions before any byte moves.
-RemoteObject unreachable(const std::string& name, std::uint64_t size) {
-  return {.url = "https://example.invalid/" + name,
-          .fetch_url = "http://127.0.0.1:1/" + name,
-          .size = size,
-          .etag = "\"e-" + name + "\""};
-}
-
 /// Puts a whole copy of `o` in the cache as a finished download would, last used at `age`
 /// seconds ago.
 void seed_copy(const TempDir& dir, const RemoteObject& o, int age) {
@@ -173,19 +168,12 @@ void seed_copy(const TempDir& dir, const RemoteObject& o, int age) {
   std::filesystem::last_write_time(path, t);
 }
 
-RemoteSettings fast_failing() {
-  RemoteSettings s;
-  s.attempts = 1;
-  s.timeout = std::chrono::milliseconds(500);
-  s.connections = 2;
-  return s;
-}
-
 TEST(ObjectCache, ALimitBelowWhatASourcePinsIsAConfigErrorBeforeAnyRequest) {
   TempDir dir;
   ObjectCache cache({.dir = dir.path(), .limit = 1000});
   try {
-    cache.fetch({unreachable("a", 600), unreachable("b", 600)}, fast_failing());
+    cache.fetch({unreachable_object("a", 600), unreachable_object("b", 600)},
+                fast_failing_remote());
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.key(), "FLOWSTATE_CACHE_LIMIT");
@@ -198,11 +186,11 @@ TEST(ObjectCache, ALimitBelowWhatASourcePinsIsAConfigErrorBeforeAnyRequest) {
 TEST(ObjectCache, CachedCopiesAreHitsWithoutARequest) {
   TempDir dir;
   ObjectCache cache({.dir = dir.path(), .limit = 10000});
-  const auto a = unreachable("a", 100), b = unreachable("b", 200);
+  const auto a = unreachable_object("a", 100), b = unreachable_object("b", 200);
   seed_copy(dir, a, 10);
   seed_copy(dir, b, 10);
   const auto before = remote_request_counts().gets;
-  const auto pins = cache.fetch({a, b}, fast_failing());
+  const auto pins = cache.fetch({a, b}, fast_failing_remote());
   ASSERT_EQ(pins.size(), 2u);
   EXPECT_EQ(std::filesystem::file_size(pins[1]->path()), 200u);
   EXPECT_EQ(remote_request_counts().gets, before);
@@ -212,26 +200,26 @@ TEST(ObjectCache, CachedCopiesAreHitsWithoutARequest) {
 TEST(ObjectCache, ACopyOfTheWrongSizeIsNotAHit) {
   TempDir dir;
   ObjectCache cache({.dir = dir.path(), .limit = 10000});
-  auto a = unreachable("a", 100);
+  auto a = unreachable_object("a", 100);
   seed_copy(dir, a, 10);
   a.size = 101;  // the listing says otherwise: another key, and a download (which fails)
-  EXPECT_THROW(cache.fetch({a}, fast_failing()), DataError);
+  EXPECT_THROW(cache.fetch({a}, fast_failing_remote()), DataError);
   EXPECT_TRUE(std::filesystem::is_empty(dir.path() / "partial"));
 }
 
 TEST(ObjectCache, EvictionTakesTheOldestUnpinnedCopyAndNeverAForeignFile) {
   TempDir dir;
   ObjectCache cache({.dir = dir.path(), .limit = 1000});
-  const auto oldest = unreachable("oldest", 300), pinned = unreachable("pinned", 300),
-             newer = unreachable("newer", 300);
+  const auto oldest = unreachable_object("oldest", 300), pinned = unreachable_object("pinned", 300),
+             newer = unreachable_object("newer", 300);
   seed_copy(dir, oldest, 300);
   seed_copy(dir, pinned, 600);  // older still, but a reader holds it
   seed_copy(dir, newer, 100);
   std::ofstream(dir / "objects/notes.txt") << std::string(5000, 'n');  // not a copy
   std::ofstream(dir / "my-data.bin") << "keep";
-  const auto held = cache.fetch({pinned}, fast_failing());
+  const auto held = cache.fetch({pinned}, fast_failing_remote());
   // Needs 300 more bytes: 900 used, limit 1000, so one copy goes — the oldest unpinned one.
-  EXPECT_THROW(cache.fetch({unreachable("new", 300)}, fast_failing()), DataError);
+  EXPECT_THROW(cache.fetch({unreachable_object("new", 300)}, fast_failing_remote()), DataError);
   const auto obj = [&](const RemoteObject& o) {
     return std::filesystem::exists(dir / ("objects/" + cache_key(o) + ".obj"));
   };
@@ -253,7 +241,7 @@ TEST(ObjectCache, ADeadWritersPartialFileIsRemovedAndALiveOnesKept) {
   std::ofstream(dead) << std::string(400, 'p');
   std::ofstream(live) << std::string(100, 'p');
   EXPECT_EQ(cache.usage(), 500u);
-  EXPECT_THROW(cache.fetch({unreachable("x", 100)}, fast_failing()), DataError);
+  EXPECT_THROW(cache.fetch({unreachable_object("x", 100)}, fast_failing_remote()), DataError);
   EXPECT_FALSE(std::filesystem::exists(dead));
   EXPECT_TRUE(std::filesystem::exists(live));
 }
@@ -261,11 +249,11 @@ TEST(ObjectCache, ADeadWritersPartialFileIsRemovedAndALiveOnesKept) {
 TEST(ObjectCache, ADownloadErrorNamesTheUrlTheCauseAndTheAttempts) {
   TempDir dir;
   ObjectCache cache({.dir = dir.path(), .limit = 1000});
-  auto s = fast_failing();
+  auto s = fast_failing_remote();
   s.attempts = 3;
   s.backoff = std::chrono::milliseconds(1);
   try {
-    cache.fetch({unreachable("x", 100)}, s);
+    cache.fetch({unreachable_object("x", 100)}, s);
     FAIL() << "no error";
   } catch (const DataError& e) {
     const std::string m = e.what();

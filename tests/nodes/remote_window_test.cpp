@@ -33,28 +33,15 @@ namespace flowstate {
 namespace {
 
 using testing::cache_copy_pinned;
+using testing::fast_failing_remote;
 using testing::TempDir;
-
-RemoteObject unreachable(const std::string& name, std::uint64_t size) {
-  return {.url = "https://example.invalid/" + name,
-          .fetch_url = "http://127.0.0.1:1/" + name,
-          .size = size,
-          .etag = "\"e-" + name + "\""};
-}
+using testing::unreachable_object;
 
 /// Puts a whole copy of `o`, `size` bytes of `fill`, in the cache as a download would.
 void seed_copy(const TempDir& dir, const RemoteObject& o, char fill) {
   std::filesystem::create_directories(dir / "objects");
   std::ofstream(dir / ("objects/" + cache_key(o) + ".obj"), std::ios::binary)
       << std::string(o.size, fill);
-}
-
-RemoteSettings fast_failing() {
-  RemoteSettings s;
-  s.attempts = 1;
-  s.timeout = std::chrono::milliseconds(500);
-  s.connections = 2;
-  return s;
 }
 
 /// Whether some process holds the copy of `o` pinned (a shared flock on it).
@@ -65,10 +52,10 @@ bool pinned(const TempDir& dir, const RemoteObject& o) {
 TEST(RemoteWindow, ALimitBelowTheLookAheadAndOneMoreIsAConfigErrorBeforeAnyRequest) {
   TempDir dir;
   std::vector<RemoteObject> objects;
-  for (int i = 0; i < 5; ++i) objects.push_back(unreachable("o" + std::to_string(i), 300));
+  for (int i = 0; i < 5; ++i) objects.push_back(unreachable_object("o" + std::to_string(i), 300));
   const auto before = remote_request_counts().gets;
   try {
-    RemoteWindow window(objects, 2, {.dir = dir.path(), .limit = 800}, fast_failing());
+    RemoteWindow window(objects, 2, {.dir = dir.path(), .limit = 800}, fast_failing_remote());
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     const std::string m = e.what();
@@ -79,21 +66,22 @@ TEST(RemoteWindow, ALimitBelowTheLookAheadAndOneMoreIsAConfigErrorBeforeAnyReque
   }
   EXPECT_EQ(remote_request_counts().gets, before);
   // Exactly the look-ahead and one more fits; fewer objects than that need only their total.
-  EXPECT_NO_THROW(RemoteWindow(objects, 2, {.dir = dir.path(), .limit = 900}, fast_failing()));
   EXPECT_NO_THROW(
-      RemoteWindow({objects[0], objects[1]}, 4, {.dir = dir.path(), .limit = 600}, fast_failing()));
+      RemoteWindow(objects, 2, {.dir = dir.path(), .limit = 900}, fast_failing_remote()));
+  EXPECT_NO_THROW(RemoteWindow({objects[0], objects[1]}, 4, {.dir = dir.path(), .limit = 600},
+                               fast_failing_remote()));
 }
 
 TEST(RemoteWindow, ReadsInOrderHitTheCacheAndUnpinWhatTheyLeftBehind) {
   TempDir dir;
   std::vector<RemoteObject> objects;
   for (int i = 0; i < 6; ++i) {
-    objects.push_back(unreachable("o" + std::to_string(i), 100));
+    objects.push_back(unreachable_object("o" + std::to_string(i), 100));
     seed_copy(dir, objects.back(), static_cast<char>('a' + i));
   }
   const auto before = remote_request_counts().gets;
   {
-    RemoteWindow window(objects, 2, {.dir = dir.path(), .limit = 300}, fast_failing());
+    RemoteWindow window(objects, 2, {.dir = dir.path(), .limit = 300}, fast_failing_remote());
     for (std::size_t k = 0; k < objects.size(); ++k) {
       const std::byte* bytes = window.data(k);
       EXPECT_EQ(static_cast<char>(bytes[0]), static_cast<char>('a' + k));
@@ -129,8 +117,8 @@ TEST(RemoteWindow, ReadsInOrderHitTheCacheAndUnpinWhatTheyLeftBehind) {
 
 TEST(RemoteWindow, ADownloadThatFailsIsADataErrorNamingTheUrl) {
   TempDir dir;
-  RemoteWindow window({unreachable("gone", 100), unreachable("other", 100)}, 1,
-                      {.dir = dir.path(), .limit = 1000}, fast_failing());
+  RemoteWindow window({unreachable_object("gone", 100), unreachable_object("other", 100)}, 1,
+                      {.dir = dir.path(), .limit = 1000}, fast_failing_remote());
   try {
     window.data(0);
     FAIL() << "no error";
@@ -147,14 +135,14 @@ TEST(RemoteWindow, WindowsOverOneCacheWhoseReservationsDoNotFitAreAConfigError) 
   TempDir dir;
   std::vector<RemoteObject> a, b;
   for (int i = 0; i < 4; ++i) {
-    a.push_back(unreachable("a" + std::to_string(i), 100));
-    b.push_back(unreachable("b" + std::to_string(i), 100));
+    a.push_back(unreachable_object("a" + std::to_string(i), 100));
+    b.push_back(unreachable_object("b" + std::to_string(i), 100));
   }
   const CacheSettings cache{.dir = dir.path(), .limit = 500};
-  RemoteWindow first(a, 2, cache, fast_failing());  // reserves 300 bytes
+  RemoteWindow first(a, 2, cache, fast_failing_remote());  // reserves 300 bytes
   EXPECT_EQ(first.reservation(), 300u);
   try {
-    RemoteWindow second(b, 2, cache, fast_failing());
+    RemoteWindow second(b, 2, cache, fast_failing_remote());
     FAIL() << "no error";
   } catch (const ConfigError& e) {
     const std::string m = e.what();
@@ -168,28 +156,28 @@ TEST(RemoteWindow, WindowsOverOneCacheWhoseReservationsDoNotFitAreAConfigError) 
   }
   // Another cache directory has a budget of its own; a smaller look-ahead fits this one.
   TempDir other;
-  EXPECT_NO_THROW(RemoteWindow(b, 2, {.dir = other.path(), .limit = 500}, fast_failing()));
-  EXPECT_NO_THROW(RemoteWindow(b, 1, cache, fast_failing()));
+  EXPECT_NO_THROW(RemoteWindow(b, 2, {.dir = other.path(), .limit = 500}, fast_failing_remote()));
+  EXPECT_NO_THROW(RemoteWindow(b, 1, cache, fast_failing_remote()));
 }
 
 TEST(RemoteWindow, AWindowTakesBackWhatAnotherHoldsBeyondItsReservation) {
   TempDir dir;
   std::vector<RemoteObject> a, b;
   for (int i = 0; i < 6; ++i) {
-    a.push_back(unreachable("a" + std::to_string(i), 100));
+    a.push_back(unreachable_object("a" + std::to_string(i), 100));
     seed_copy(dir, a.back(), static_cast<char>('a' + i));
-    b.push_back(unreachable("b" + std::to_string(i), 100));
+    b.push_back(unreachable_object("b" + std::to_string(i), 100));
     seed_copy(dir, b.back(), static_cast<char>('A' + i));
   }
   const CacheSettings cache{.dir = dir.path(), .limit = 600};
-  RemoteWindow first(a, 1, cache, fast_failing());  // reserves 200
+  RemoteWindow first(a, 1, cache, fast_failing_remote());  // reserves 200
   // Alone, the window keeps what it read while the limit has room: all 6 copies.
   for (std::size_t k = 0; k < a.size(); ++k)
     EXPECT_EQ(static_cast<char>(first.data(k)[0]), static_cast<char>('a' + k));
   int held = 0;
   for (const auto& o : a) held += pinned(dir, o) ? 1 : 0;
   EXPECT_EQ(held, 6);
-  RemoteWindow second(b, 1, cache, fast_failing());  // reserves 200: 400 of 600 reserved
+  RemoteWindow second(b, 1, cache, fast_failing_remote());  // reserves 200: 400 of 600 reserved
   // The second window reads everything; it needs its reservation, which the first one's
   // borrowed copies hold: they are taken back (unpinned), not waited for.
   const auto t = std::chrono::steady_clock::now();
@@ -212,11 +200,11 @@ TEST(RemoteWindow, WhatPrepareMakesOfACopyComesWithItsBytesAndItsErrorWithEveryR
   TempDir dir;
   std::vector<RemoteObject> objects;
   for (int i = 0; i < 3; ++i) {
-    objects.push_back(unreachable("p" + std::to_string(i), 100));
+    objects.push_back(unreachable_object("p" + std::to_string(i), 100));
     seed_copy(dir, objects.back(), static_cast<char>('a' + i));
   }
   std::atomic<int> prepared{0};
-  RemoteWindow window(objects, 1, {.dir = dir.path(), .limit = 200}, fast_failing(),
+  RemoteWindow window(objects, 1, {.dir = dir.path(), .limit = 200}, fast_failing_remote(),
                       [&](std::size_t k, const MappedFile& copy) -> std::shared_ptr<const void> {
                         ++prepared;
                         if (k == 2) throw DataError("x", 7, "malformed copy");

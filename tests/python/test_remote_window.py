@@ -3,16 +3,20 @@ against s3rver on 127.0.0.1: a cache limit of 3 shards serves a 10-shard data se
 epochs with the digests of the same pipeline on local files and the cache directory's sampled
 peak within the limit; a run killed with SIGKILL mid-epoch resumes on that small cache to the
 uninterrupted run's digests; a limit below the look-ahead is a configuration error at build
-time; an error about a record of a cached copy names the URL. Each test starts and stops
+time, and so is one that does not hold the look-ahead beside another process's on the same
+cache directory (until that process is killed); an error about a record of a cached copy names
+the URL. Each test starts and stops
 its own servers; every wait is bounded. (Since range reads, a `records` source whose objects
 exceed the limit, as here, reads them through nodes/sources/remote_blocks.h — with the default
 4 MiB block each shard is one block — under the same front, look-ahead and straggler rules.)"""
+import signal
+import subprocess
 import time
 
 import pytest
 
-from remote_servers import (FaultProxy, PeakSampler, S3Server, digest_lines, run, s3_missing_reason,
-                           sigkill_after_checkpoint)
+from remote_servers import (FaultProxy, PeakSampler, S3Server, clean_env, cli_path, digest_lines,
+                            run, s3_missing_reason, sigkill_after_checkpoint)
 
 RECORD_BYTES = 256
 SHARDS = 10
@@ -121,6 +125,36 @@ def test_a_limit_below_the_look_ahead_is_a_config_error_at_build_time(tmp_path, 
     # The same pipeline with the look-ahead the limit holds runs.
     pipeline(yaml, "s3://bucket/w/part-*.bin", lookahead=2)
     run(["run", str(yaml), "--steps", "5"], env={**s3.env(), **cache_env(tmp_path)})
+
+
+def test_a_look_ahead_that_does_not_fit_beside_another_process_is_a_config_error_until_it_dies(
+        tmp_path, s3):
+    # Two processes on one cache directory whose limit holds one look-ahead: the first runs
+    # (slowly, through a 100 KB/s link), the second is refused at build naming the first; once
+    # the first is killed with SIGKILL, the kernel's lock on its reservation goes with it.
+    yaml = pipeline(tmp_path / "remote.yaml", "s3://bucket/w/part-*.bin")
+    proxy = FaultProxy(s3.port, rate=100_000).start()
+    first = subprocess.Popen([cli_path(), "run", str(yaml), "--epochs", "50"],
+                             env=clean_env({**s3.env(proxy.url), **cache_env(tmp_path)}),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        held = tmp_path / "cache" / "reservations" / str(first.pid)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and first.poll() is None and not held.exists():
+            time.sleep(0.01)
+        assert first.poll() is None and held.exists(), first.stderr.read()
+        r = run(["run", str(yaml), "--steps", "5"], env={**s3.env(), **cache_env(tmp_path)},
+                check=False, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert f"that 1 other process on this machine (pid {first.pid}: {LIMIT} bytes) " \
+            "reserve of it) is smaller than the" in r.stderr, r.stderr
+        assert "give each process a cache directory of its own" in r.stderr, r.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        proxy.stop()
+    run(["run", str(yaml), "--steps", "5"], env={**s3.env(), **cache_env(tmp_path)})
+    assert not held.exists()  # the dead process's reservation was removed
 
 
 def test_an_error_about_a_record_of_a_cached_copy_names_the_url_not_the_cache(tmp_path, s3):

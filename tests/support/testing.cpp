@@ -143,4 +143,19 @@ bool cache_copy_pinned(const std::filesystem::path& cache_dir, const std::string
   return held;
 }
 
+RemoteObject unreachable_object(const std::string& name, std::uint64_t size) {
+  return {.url = "https://example.invalid/" + name,
+          .fetch_url = "http://127.0.0.1:1/" + name,
+          .size = size,
+          .etag = "\"e-" + name + "\""};
+}
+
+RemoteSettings fast_failing_remote() {
+  RemoteSettings s;
+  s.attempts = 1;
+  s.timeout = std::chrono::milliseconds(500);
+  s.connections = 2;
+  return s;
+}
+
 }  // namespace flowstate::testing

@@ -14,6 +14,7 @@
 #include "flowstate/core/coordinator.h"
 #include "flowstate/graph/loader.h"
 #include "flowstate/graph/testing.h"
+#include "flowstate/nodes/sources/remote_store.h"
 
 namespace flowstate::testing {
 
@@ -90,5 +91,12 @@ class ConcurrencyProbe {
 /// eviction does, with an exclusive flock under the cache's lock: a look-up, always under that
 /// lock, never meets the probe's exclusive flock and takes it for an eviction in progress.
 bool cache_copy_pinned(const std::filesystem::path& cache_dir, const std::string& key);
+
+/// A remote object no request reaches: its URL names example.invalid, its fetch URL a closed
+/// port of 127.0.0.1 (a download fails at once). `size` bytes, ETag "e-NAME".
+RemoteObject unreachable_object(const std::string& name, std::uint64_t size);
+
+/// Remote settings that fail fast: one attempt, a 500 ms timeout, 2 connections.
+RemoteSettings fast_failing_remote();
 
 }  // namespace flowstate::testing
