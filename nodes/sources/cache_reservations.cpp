@@ -199,7 +199,8 @@ CacheReservation::CacheReservation(const CacheSettings& cache, const Check& chec
   };
   if (!file || file->pid != self) {  // none yet, or a forked parent's
     // A dead process's files under this pid (the pid reused) are not this process's claims.
-    for (const auto& [name, claim] : list_by_pid(where)[self]) ::unlink((where / name).c_str());
+    auto listed = list_by_pid(where);  // (a local: a range-for keeps no temporary map alive)
+    for (const auto& [name, claim] : listed[self]) ::unlink((where / name).c_str());
     file = std::make_shared<ReservationFile>();
     file->dir = where;
     file->lock_path = where / std::to_string(self);
