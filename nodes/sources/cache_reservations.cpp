@@ -170,6 +170,12 @@ std::string describe_other_processes(const std::vector<ProcessReservation>& othe
   return out + ")";
 }
 
+std::string reserved_by_others(const std::vector<ProcessReservation>& others,
+                               const std::string& mine) {
+  return "the " + bytes_text(reserved_bytes(others, mine)) + " that " +
+         describe_other_processes(others) + " reserve of it";
+}
+
 std::string objects_share(const std::vector<RemoteObject>& objects, std::uint64_t block) {
   std::uint64_t h = hash64("flowstate cache share");
   h = hash_combine(h, block);

@@ -68,6 +68,16 @@ std::uint64_t reserved_bytes(const std::vector<ProcessReservation>& others,
 /// each with the bytes of its claims.
 std::string describe_other_processes(const std::vector<ProcessReservation>& others);
 
+/// "the 300 bytes that 1 other process on this machine (pid 41: 300 bytes) reserve of it":
+/// what a "limit too small" ConfigError says of `others` (their reserved_bytes, leaving out
+/// `mine`).
+std::string reserved_by_others(const std::vector<ProcessReservation>& others,
+                               const std::string& mine = {});
+
+/// The advice a "limit too small" ConfigError ends with when other processes share the
+/// directory.
+inline constexpr const char* kOwnCacheDirectory = "give each process a cache directory of its own";
+
 /// The share of the copies of `objects` (their cache keys, and `block` for a range reader's
 /// blocks; 0 for whole copies): the same for every process that reads the same objects.
 std::string objects_share(const std::vector<RemoteObject>& objects, std::uint64_t block);

@@ -141,16 +141,14 @@ RemoteBlocks::RemoteBlocks(std::vector<RemoteObject> objects, std::size_t lookah
               (reserved > 0 ? " (less the " + bytes_text(reserved) + " of the source's index files)"
                             : std::string()) +
               (processes.empty() ? std::string()
-                                 : " of '" + cache_.settings().dir.string() + "' (less the " +
-                                       bytes_text(elsewhere) + " that " +
-                                       describe_other_processes(processes) + " reserve of it)") +
+                                 : " of '" + cache_.settings().dir.string() + "' (less " +
+                                       reserved_by_others(processes, share_) + ")") +
               " is smaller than the " + bytes_text(need) +
               " of the blocks the look-ahead holds together (lookahead: " +
               std::to_string(lookahead_) + " blocks of up to " + bytes_text(block_) +
               " ahead of the one read); raise " + key +
               " or lower the source's lookahead or FLOWSTATE_REMOTE_BLOCK" +
-              (processes.empty() ? std::string()
-                                 : ", or give each process a cache directory of its own"));
+              (processes.empty() ? std::string() : std::string(", or ") + kOwnCacheDirectory));
     }
     hold_all_ = total <= room;
     if (hold_all_) return std::vector<CacheClaim>{{.bytes = total + reserved, .share = share_}};

@@ -163,19 +163,17 @@ RemoteWindow::RemoteWindow(std::vector<RemoteObject> objects, std::size_t lookah
       if (others + need + elsewhere <= limit) return std::vector<CacheClaim>{{.bytes = need}};
       const std::string key = cache_.settings().limit_key;
       throw ConfigError(
-          key, "the cache limit " + bytes_text(limit) + " of '" + cache_.settings().dir.string() +
-                   "' is smaller than the " + bytes_text(others + need + elsewhere) +
-                   " the look-ahead windows of " + std::to_string(count + 1) +
-                   " remote sources of this process reserve together (" + bytes_text(need) +
-                   " for this one's lookahead of " + std::to_string(lookahead_) +
-                   " files and one more, " + bytes_text(others) + " for " + std::to_string(count) +
-                   " other" + (count == 1 ? "" : "s") + ")" +
-                   (processes.empty()
-                        ? "; raise " + key + " or lower the sources' lookahead"
-                        : " with the " + bytes_text(elsewhere) + " that " +
-                              describe_other_processes(processes) + " reserve of it; raise " + key +
-                              ", lower the sources' lookahead or give each process a "
-                              "cache directory of its own"));
+          key,
+          "the cache limit " + bytes_text(limit) + " of '" + cache_.settings().dir.string() +
+              "' is smaller than the " + bytes_text(others + need + elsewhere) +
+              " the look-ahead windows of " + std::to_string(count + 1) +
+              " remote sources of this process reserve together (" + bytes_text(need) +
+              " for this one's lookahead of " + std::to_string(lookahead_) +
+              " files and one more, " + bytes_text(others) + " for " + std::to_string(count) +
+              " other" + (count == 1 ? "" : "s") + ")" +
+              (processes.empty() ? "; raise " + key + " or lower the sources' lookahead"
+                                 : " with " + reserved_by_others(processes) + "; raise " + key +
+                                       ", lower the sources' lookahead or " + kOwnCacheDirectory));
     };
     shared_ = std::make_unique<CacheReservation>(cache_.settings(), check);
     budget_->members[id_] = {.window = this, .reserve = need, .held = 0, .tag = tag};

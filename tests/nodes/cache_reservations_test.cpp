@@ -79,6 +79,16 @@ class Holder {
   pid_t pid_ = 0;
 };
 
+/// The directory's other processes are `pid` alone, with one claim: `want`.
+void expect_one_claim(const TempDir& dir, pid_t pid, const CacheClaim& want) {
+  const auto others = other_reservations(dir.path());
+  ASSERT_EQ(others.size(), 1u);
+  EXPECT_EQ(others[0].pid, pid);
+  ASSERT_EQ(others[0].claims.size(), 1u);
+  EXPECT_EQ(others[0].claims[0].bytes, want.bytes);
+  EXPECT_EQ(others[0].claims[0].share, want.share);
+}
+
 std::string config_error(const std::function<void()>& build) {
   try {
     build();
@@ -110,12 +120,7 @@ TEST(CacheReservations, AnotherProcesssLookAheadCountsUntilItIsKilled) {
   const CacheSettings cache{.dir = dir.path(), .limit = 500};
   const auto a = objects("a", 4, 100), b = objects("b", 4, 100);
   Holder holder([&] { new RemoteWindow(a, 2, cache, fast_failing_remote()); });  // reserves 300
-  const auto others = other_reservations(dir.path());
-  ASSERT_EQ(others.size(), 1u);
-  EXPECT_EQ(others[0].pid, holder.pid());
-  ASSERT_EQ(others[0].claims.size(), 1u);
-  EXPECT_EQ(others[0].claims[0].bytes, 300u);
-  EXPECT_TRUE(others[0].claims[0].share.empty());
+  expect_one_claim(dir, holder.pid(), {.bytes = 300});
   // Alone, this window's 300 bytes fit the 500; beside the other process's 300, not.
   const std::string m = config_error([&] { RemoteWindow(b, 2, cache, fast_failing_remote()); });
   EXPECT_NE(m.find("the cache limit 500 bytes of '" + dir.path().string() +
@@ -146,11 +151,7 @@ TEST(CacheReservations, RangeReadersOfTheSameObjectsShareTheirBlocksAcrossProces
   const auto same = objects("s", 3, kMiB), other = objects("o", 3, kMiB);
   // The other process holds every block of `same` (3 MiB of the 4).
   Holder holder([&] { new RemoteBlocks(same, 1, kMiB, cache, fast_failing_remote()); });
-  const auto others = other_reservations(dir.path());
-  ASSERT_EQ(others.size(), 1u);
-  ASSERT_EQ(others[0].claims.size(), 1u);
-  EXPECT_EQ(others[0].claims[0].bytes, 3 * kMiB);
-  EXPECT_EQ(others[0].claims[0].share, objects_share(same, kMiB));
+  expect_one_claim(dir, holder.pid(), {.bytes = 3 * kMiB, .share = objects_share(same, kMiB)});
   {
     // The same objects: the same copies, counted once; this reader holds them all too.
     RemoteBlocks reader(same, 1, kMiB, cache, fast_failing_remote());
