@@ -38,6 +38,8 @@ class StateSnapshot final : public NodeSnapshot {
   /// Replaces the state. Only for a snapshot no one else holds: one given back to the node's
   /// Recycler (core/recycle.h) and refilled for the next stamp.
   void assign(const S& state) { state_ = state; }
+  /// The state, to complete after assign() or construction; the same rule.
+  S& mutable_state() { return state_; }
 
  private:
   S state_;

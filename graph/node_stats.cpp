@@ -62,6 +62,7 @@ class TimedUpstream final : public SpineNode {
     }
   }
   std::shared_ptr<const NodeSnapshot> snapshot() const override { return inner_->snapshot(); }
+  bool refill(NodeSnapshot& snapshot) const override { return inner_->refill(snapshot); }
   void restore(InArchive& ar) override { inner_->restore(ar); }
 
  private:

@@ -75,8 +75,9 @@ class Spine {
   SinkConfig sink_;
   BatchPlanner* planner_ = nullptr;
   NodeCounters* planner_counters_ = nullptr;
-  /// The stamps handed out, reused once dropped; a waiting one holds no snapshot.
-  mutable Recycler<StampData> stamps_{[](StampData& s) { s.snapshots.clear(); }};
+  /// The stamps handed out, reused once dropped: a waiting one keeps its snapshots (copies of
+  /// node states, refilled in place by the next stamp: snapshot_nodes).
+  mutable Recycler<StampData> stamps_;
   /// The store, when it downloads ahead along the planned order (nodes/read_plan.h); else null.
   const ReadPlanner* read_planner_ = nullptr;
   /// planner_->next(), timed as the batch node's when node stats are on.

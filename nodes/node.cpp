@@ -49,8 +49,7 @@ void require_indexed(const SpineNode& self, const SpineNode* upstream) {
 
 namespace {
 
-/// Fills `s` with the names and snapshots of `nodes` (a reused StampData keeps its vectors'
-/// and names' storage).
+/// Fills `s` with the names and snapshots of `nodes`.
 void fill_stamp(StampData& s, const std::vector<std::unique_ptr<SpineNode>>& nodes) {
   s.node_names.resize(nodes.size());
   s.snapshots.clear();
@@ -58,6 +57,22 @@ void fill_stamp(StampData& s, const std::vector<std::unique_ptr<SpineNode>>& nod
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     s.node_names[i] = nodes[i]->name();
     s.snapshots.push_back(nodes[i]->snapshot());
+  }
+}
+
+/// Refills `s`, a stamp of `nodes` given back, in place: its names stay, and each snapshot no
+/// one else holds (a global shuffle may keep its upstream's) takes the node's state in place
+/// (SpineNode::refill); the others are taken anew.
+void refill_stamp(StampData& s, const std::vector<std::unique_ptr<SpineNode>>& nodes) {
+  if (s.snapshots.size() != nodes.size()) {
+    fill_stamp(s, nodes);
+    return;
+  }
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    std::shared_ptr<const NodeSnapshot>& slot = s.snapshots[i];
+    // Only this stamp holds it, and the stamp is this thread's: no one can take it meanwhile.
+    if (slot.use_count() == 1 && nodes[i]->refill(const_cast<NodeSnapshot&>(*slot))) continue;
+    slot = nodes[i]->snapshot();
   }
 }
 
@@ -76,7 +91,7 @@ Stamp snapshot_nodes(const std::vector<std::unique_ptr<SpineNode>>& nodes,
         fill_stamp(*s, nodes);
         return s;
       },
-      [&](StampData& s) { fill_stamp(s, nodes); });
+      [&](StampData& s) { refill_stamp(s, nodes); });
 }
 
 namespace {

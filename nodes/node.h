@@ -154,6 +154,10 @@ class SpineNode {
 
   /// An immutable copy of the node's state.
   virtual std::shared_ptr<const NodeSnapshot> snapshot() const = 0;
+  /// Copies the state into `snapshot` in place: one that this node's snapshot() made and no
+  /// one else holds any more (a recycled stamp's: a stamp per planned batch then makes no new
+  /// snapshot object). False when the node cannot; its caller then takes a new snapshot().
+  virtual bool refill(NodeSnapshot& /*snapshot*/) const { return false; }
   /// Loads a state written by snapshot()->save(); throws CheckpointError when invalid.
   virtual void restore(InArchive& ar) = 0;
   /// Loads the state from a stamp of the first format, where every node read its state from
@@ -177,10 +181,23 @@ template <class State>
 class StatefulSpineNode : public SpineNode {
  public:
   using SpineNode::SpineNode;
-  /// A copy of state_; its memory is reused once every stamp holding it is dropped.
-  std::shared_ptr<const NodeSnapshot> snapshot() const override {
-    return snapshots_.get([this] { return std::make_unique<StateSnapshot<State>>(state_); },
-                          [this](StateSnapshot<State>& s) { s.assign(state_); });
+  /// A copy of state_ (completed by complete_snapshot); its memory is reused once every stamp
+  /// holding it is dropped.
+  std::shared_ptr<const NodeSnapshot> snapshot() const final {
+    return snapshots_.get(
+        [this] {
+          auto s = std::make_unique<StateSnapshot<State>>(state_);
+          complete_snapshot(s->mutable_state());
+          return s;
+        },
+        [this](StateSnapshot<State>& s) { refill(s); });
+  }
+  bool refill(NodeSnapshot& snapshot) const final {
+    // snapshot() above made it (final: no subclass makes another kind).
+    auto& s = static_cast<StateSnapshot<State>&>(snapshot);
+    s.assign(state_);
+    complete_snapshot(s.mutable_state());
+    return true;
   }
   void restore(InArchive& ar) override {
     State s;
@@ -195,6 +212,9 @@ class StatefulSpineNode : public SpineNode {
   virtual void validate(const State&) const {}
   /// Rebuilds derived members after a restore.
   virtual void on_restored() {}
+  /// Adds to a snapshot's copy of state_ what state_ does not keep up to date (a resumable
+  /// producer's position, asked of the producer): every snapshot and refill goes through here.
+  virtual void complete_snapshot(State& /*copy*/) const {}
   State state_{};
 
  private:

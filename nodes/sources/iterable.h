@@ -350,15 +350,12 @@ class ProducerNode final : public StreamNodeBase {
       : StreamNodeBase(std::move(name), std::move(label), source_id, size),
         factory_(std::move(factory)) {}
 
-  std::shared_ptr<const NodeSnapshot> snapshot() const override {
-    IterableState s = state_;
+ protected:
+  void complete_snapshot(IterableState& s) const override {
     if constexpr (ResumableProducer<P>) {
       if (producer_ && positioned_) s.position = std::string(producer_->save());
     }
-    return std::make_shared<StateSnapshot<IterableState>>(std::move(s));
   }
-
- protected:
   void open(std::uint64_t epoch) override {
     producer_.reset();
     producer_.emplace(std::invoke(*factory_, epoch));
