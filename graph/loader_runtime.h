@@ -301,7 +301,9 @@ class Loader::Runtime {
     m.plans->reserve(k);
     try {
       while (m.plans->size() < k) {
-        const std::int64_t plan_begin_ns = m.plans->empty() ? begin_ns : stats_now_ns();
+        // (A plan's own start is read for its trace spans alone.)
+        const std::int64_t plan_begin_ns =
+            tracer_ == nullptr || m.plans->empty() ? begin_ns : stats_now_ns();
         if (tracer_ != nullptr) {
           spine_before_.clear();
           for (const auto& n : stats_.nodes()) spine_before_.push_back(n.busy(NodeStage::kSpine));

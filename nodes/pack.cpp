@@ -1,6 +1,7 @@
 #include "flowstate/nodes/pack.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "flowstate/core/buffer.h"
@@ -149,6 +150,7 @@ void PackNode::check_dtype(const Ref& ref, DType d, const Shape& shape) {
                         ref.to_string() + " is " + std::string(dtype_name(d)) +
                         ", earlier documents are " + std::string(dtype_name(*dtype_)));
   dtype_ = d;  // the spine's alone: rows carry their tokens' dtype to the workers
+  dtype_shift_ = static_cast<std::uint8_t>(std::countr_zero(dtype_size(d)));  // 1, 2, 4 or 8
 }
 
 PackNode::Document PackNode::load_document(const Ref& ref) {
@@ -162,11 +164,12 @@ PackNode::Document PackNode::load_document(const Ref& ref) {
 
 PackNode::Document PackNode::from_view(const Ref& ref, const RecordView& view) {
   // Only the length is needed now; the workers copy the tokens from where they lie.
-  Document doc;
-  doc.numel = view.bytes.size() / dtype_size(view.dtype);
   // A view is 1-D: once a document set the dtype, the check is that one comparison.
   if (!dtype_ || *dtype_ != view.dtype) [[unlikely]]
-    check_dtype(ref, view.dtype, Shape{static_cast<std::int64_t>(doc.numel)});
+    check_dtype(ref, view.dtype,
+                Shape{static_cast<std::int64_t>(view.bytes.size() / dtype_size(view.dtype))});
+  Document doc;
+  doc.numel = view.bytes.size() >> dtype_shift_;  // a shift, not a division per document
   doc.data = view.bytes.data();
   return doc;  // a view stays valid while the store lives: nothing to release
 }
@@ -356,7 +359,8 @@ std::size_t PackNode::pull(std::span<Ref> out) {
       // A released row was last touched by a worker (on another core): ask for the next one
       // now, while this one is planned, instead of waiting for its line when it is taken.
       if (!spare_.empty()) __builtin_prefetch(spare_.back().get(), 1);
-      made->segments.clear();  // a row given back unplanned may hold pieces
+      made->segments.clear();  // a row given back unplanned (or released unowned) holds pieces
+      made->owners = false;
     }
     Row& row = *made;
     struct Spare {  // a row not planned (the epoch ended) goes back
@@ -380,6 +384,7 @@ std::size_t PackNode::pull(std::span<Ref> out) {
       }
       const std::uint64_t take = std::min(need, extent(carry_doc_) - state_.carry_at);
       row.segments.push_back({carry_doc_, state_.carry_at, state_.carry_at + take});
+      row.owners |= carry_doc_.owner != nullptr;
       state_.carry_at += take;
       need -= take;
       if (state_.carry_at == extent(carry_doc_)) {
@@ -535,10 +540,16 @@ void PackNode::release(std::span<const Ref> refs) const {
     std::lock_guard lock(mu_);
     for (const Ref& r : refs) {
       auto it = find_slot(r);
-      if (it != in_flight_.end()) done.push_back(std::move(it->row));
+      if (it == in_flight_.end()) continue;
+      // Rows of views hold no memory: they go back at once, their pieces cleared when reused.
+      if (it->row->owners)
+        done.push_back(std::move(it->row));
+      else
+        free_rows_.push_back(std::move(it->row));
     }
     while (!in_flight_.empty() && !in_flight_.front().row) in_flight_.pop_front();
   }
+  if (done.empty()) return;
   // Outside the lock: dropping the pieces may free documents read in the spine.
   for (auto& row : done) row->segments.clear();
   std::lock_guard lock(mu_);

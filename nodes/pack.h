@@ -183,6 +183,7 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   };
   struct Row {
     DType dtype = DType::kInt32;  ///< of its documents
+    bool owners = false;          ///< a piece holds a document read in the spine (Document::owner)
     std::vector<Segment> segments;
   };
   /// Looks at (view) or reads a document's tokens, checking they are 1-D integers of the
@@ -255,9 +256,10 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   /// No window for the rest of the epoch: nothing known ahead (an upstream neither indexed nor
   /// deciding ahead), or at()/upcoming() disagreed with pull().
   bool ahead_off_ = false;
-  std::optional<DType> dtype_;  ///< of the first document read; every one must match
-  Document carry_doc_;          ///< the tokens of state_.carry while has_carry
-  bool upstream_done_ = false;  ///< the upstream's epoch has ended (pending may remain)
+  std::optional<DType> dtype_;    ///< of the first document read; every one must match
+  std::uint8_t dtype_shift_ = 0;  ///< log2 of dtype_'s size
+  Document carry_doc_;            ///< the tokens of state_.carry while has_carry
+  bool upstream_done_ = false;    ///< the upstream's epoch has ended (pending may remain)
   /// With `direct`: the store's views of state_.pending, taken when they were pulled (empty
   /// after a restore: those are viewed one by one), and the view of the Ref next_ref gave
   /// last (null: none taken).
