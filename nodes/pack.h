@@ -269,10 +269,13 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   // row's pieces keep their capacity: no allocation per row once running).
   std::vector<std::unique_ptr<Row>> planned_, spare_;
   // Rows planned and not yet released, in planning order (read by the parallel workers), and
-  // released rows on their way back to the spine.
-  mutable std::mutex mu_;
+  // released rows on their way back to the spine. On cache lines of their own: the workers
+  // take mu_ for every batch, and the spine's members above must not move between cores with
+  // it (bench/RESULTS.md, issue 26: 3% of a 2-worker W2 run).
+  alignas(64) mutable std::mutex mu_;
   mutable std::deque<InFlight> in_flight_;
   mutable std::vector<std::unique_ptr<Row>> free_rows_;
+  alignas(64) char end_of_shared_ = 0;  ///< keeps whatever follows a PackNode off those lines
 };
 
 }  // namespace flowstate
