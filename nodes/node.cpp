@@ -60,9 +60,10 @@ void fill_stamp(StampData& s, const std::vector<std::unique_ptr<SpineNode>>& nod
   }
 }
 
-/// Refills `s`, a stamp of `nodes` given back, in place: its names stay, and each snapshot no
-/// one else holds (a global shuffle may keep its upstream's) takes the node's state in place
-/// (SpineNode::refill); the others are taken anew.
+/// Refills `s`, a stamp of `nodes` given back, in place: its names stay, and each snapshot only
+/// it holds takes the node's state in place (SpineNode::refill); one that a reader kept (a
+/// snapshot is a shared_ptr anyone may copy out of a stamp) keeps its state, and the slot gets
+/// a new snapshot.
 void refill_stamp(StampData& s, const std::vector<std::unique_ptr<SpineNode>>& nodes) {
   if (s.snapshots.size() != nodes.size()) {
     fill_stamp(s, nodes);
