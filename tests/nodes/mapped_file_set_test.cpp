@@ -194,8 +194,9 @@ std::size_t thread_count() {
 
 /// Runs `make()`'s pipeline for two epochs with every file mapped — `mapped` mappings held
 /// while it runs — and with a set of `limit` (FLOWSTATE_MAPPED_FILES): the same batches, no
-/// mapping kept at build, and at most the set's and one held by each thread that read (the
-/// consumer's and TBB's workers) at once. Returns the number of batches.
+/// mapping kept at build, and at most the set's and two held by each thread that read (the
+/// consumer's and TBB's workers: its own, and one more while it switches files) at once.
+/// Returns the number of batches.
 std::size_t expect_same_with_a_set(const std::function<Pipeline()>& make, std::size_t mapped,
                                    std::size_t limit) {
   const std::size_t before = live_mappings();
@@ -221,8 +222,10 @@ std::size_t expect_same_with_a_set(const std::function<Pipeline()>& make, std::s
   }
   EXPECT_EQ(got, mapped_all);
   EXPECT_GT(most, 0u);
-  // (The Loader's arena may run more threads than the cores: each holds at most one.)
-  EXPECT_LE(most, limit + threads);
+  // (The Loader's arena may run more threads than the cores: each holds one, and a thread
+  // switching files holds a second for a moment — its previous mapping, or the one its read
+  // evicted from the set, closed after the set's lock — which this thread may count.)
+  EXPECT_LE(most, limit + 2 * threads);
   return got.size();
 }
 
