@@ -360,7 +360,6 @@ std::size_t PackNode::pull(std::span<Ref> out) {
       // now, while this one is planned, instead of waiting for its line when it is taken.
       if (!spare_.empty()) __builtin_prefetch(spare_.back().get(), 1);
       made->segments.clear();  // a row given back unplanned (or released unowned) holds pieces
-      made->owners = false;
     }
     Row& row = *made;
     struct Spare {  // a row not planned (the epoch ended) goes back
@@ -384,7 +383,6 @@ std::size_t PackNode::pull(std::span<Ref> out) {
       }
       const std::uint64_t take = std::min(need, extent(carry_doc_) - state_.carry_at);
       row.segments.push_back({carry_doc_, state_.carry_at, state_.carry_at + take});
-      row.owners |= carry_doc_.owner != nullptr;
       state_.carry_at += take;
       need -= take;
       if (state_.carry_at == extent(carry_doc_)) {
@@ -407,6 +405,9 @@ std::size_t PackNode::pull(std::span<Ref> out) {
   if (!planned_.empty()) publish(out);
   return n;
 }
+
+// The shared members' own cache lines (pack.h) rely on this.
+static_assert(alignof(PackNode) == 64 && sizeof(PackNode) % 64 == 0);
 
 std::span<const std::byte> PackNode::record(const Ref&) const {
   throw Error("pack '" + name() + "' rows have no stored bytes; read them");
@@ -542,7 +543,8 @@ void PackNode::release(std::span<const Ref> refs) const {
       auto it = find_slot(r);
       if (it == in_flight_.end()) continue;
       // Rows of views hold no memory: they go back at once, their pieces cleared when reused.
-      if (it->row->owners)
+      const auto& pieces = it->row->segments;
+      if (std::any_of(pieces.begin(), pieces.end(), [](const Segment& s) { return s.doc.owner; }))
         done.push_back(std::move(it->row));
       else
         free_rows_.push_back(std::move(it->row));

@@ -183,7 +183,6 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   };
   struct Row {
     DType dtype = DType::kInt32;  ///< of its documents
-    bool owners = false;          ///< a piece holds a document read in the spine (Document::owner)
     std::vector<Segment> segments;
   };
   /// Looks at (view) or reads a document's tokens, checking they are 1-D integers of the
@@ -272,10 +271,11 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
   // released rows on their way back to the spine. On cache lines of their own: the workers
   // take mu_ for every batch, and the spine's members above must not move between cores with
   // it (bench/RESULTS.md, issue 26: 3% of a 2-worker W2 run).
+  // (alignas makes the class 64-aligned and its size a multiple of 64: nothing after a
+  // PackNode shares these lines either.)
   alignas(64) mutable std::mutex mu_;
   mutable std::deque<InFlight> in_flight_;
   mutable std::vector<std::unique_ptr<Row>> free_rows_;
-  alignas(64) char end_of_shared_ = 0;  ///< keeps whatever follows a PackNode off those lines
 };
 
 }  // namespace flowstate

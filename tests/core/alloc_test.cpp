@@ -185,14 +185,16 @@ TEST_F(SpineStamps, AReusedStampRefillsItsSnapshotsInPlaceButNeverOneHeldElsewhe
   Stamp a = spine.snapshot();
   std::vector<const NodeSnapshot*> objects;
   for (const auto& s : a->snapshots) objects.push_back(s.get());
-  std::shared_ptr<const NodeSnapshot> held = a->snapshots[1];  // the shuffle's, kept
-  std::string held_bytes;
-  {
+  auto bytes_of = [](const NodeSnapshot& s) {
     std::ostringstream os;
-    OutArchive ar(os);
-    held->save(ar);
-    held_bytes = os.str();
-  }
+    {
+      OutArchive ar(os);
+      s.save(ar);
+    }
+    return os.str();
+  };
+  std::shared_ptr<const NodeSnapshot> held = a->snapshots[1];  // the shuffle's, kept
+  const std::string held_bytes = bytes_of(*held);
   const std::string a_bytes = serialize_stamp(*a);
   a.reset();
   ASSERT_TRUE(spine.next());
@@ -201,10 +203,7 @@ TEST_F(SpineStamps, AReusedStampRefillsItsSnapshotsInPlaceButNeverOneHeldElsewhe
   EXPECT_EQ(b->snapshots[0].get(), objects[0]) << "refilled in place";
   EXPECT_EQ(b->snapshots[2].get(), objects[2]) << "refilled in place";
   EXPECT_NE(b->snapshots[1].get(), held.get()) << "a held snapshot is never refilled";
-  std::ostringstream os;
-  OutArchive ar(os);
-  held->save(ar);
-  EXPECT_EQ(os.str(), held_bytes) << "the held snapshot kept its state";
+  EXPECT_EQ(bytes_of(*held), held_bytes) << "the held snapshot kept its state";
   EXPECT_NE(serialize_stamp(*b), a_bytes);
   // What the refilled stamp says is the spine's state now: a spine restored from it goes on
   // with the same batches.
