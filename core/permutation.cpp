@@ -1,5 +1,8 @@
 #include "flowstate/core/permutation.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "flowstate/core/rng.h"
 
 namespace flowstate {
@@ -46,6 +49,65 @@ std::uint64_t FeistelPermutation::operator()(std::uint64_t i) const {
   std::uint64_t x = encrypt(i);
   while (x >= n_) x = encrypt(x);
   return x;
+}
+
+void FeistelPermutation::images(std::uint64_t first, std::span<std::uint64_t> out) const {
+  if (table_.empty()) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = (*this)(first + j);
+    return;
+  }
+  // Tabled: the chunk goes through the network eight elements side by side, then the ones
+  // outside [0, n) (about a quarter) are gathered without a branch and go through again, side
+  // by side, until none is left: cycle walking with no unpredictable branch per element.
+  constexpr std::size_t kLanes = 8;
+  const std::uint16_t* table = table_.data();
+  const std::uint64_t values = half_mask_ + 1;
+  auto rounds = [&](std::uint64_t* x) {
+    std::uint64_t left[kLanes], right[kLanes];
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      left[l] = x[l] >> half_bits_;
+      right[l] = x[l] & half_mask_;
+    }
+    const std::uint16_t* f = table;
+    for (int r = 0; r < kRounds; ++r, f += values) {
+      for (std::size_t l = 0; l < kLanes; ++l) {
+        const std::uint64_t next = left[l] ^ f[right[l]];
+        left[l] = right[l];
+        right[l] = next;
+      }
+    }
+    for (std::size_t l = 0; l < kLanes; ++l) x[l] = (left[l] << half_bits_) | right[l];
+  };
+  thread_local std::vector<std::uint32_t> walking;  // positions in `out` still >= n
+  walking.resize(out.size() + kLanes);
+  std::size_t left_over = 0;
+  for (std::size_t j = 0; j < out.size(); j += kLanes) {
+    std::uint64_t x[kLanes];
+    const std::size_t lanes = std::min(kLanes, out.size() - j);
+    for (std::size_t l = 0; l < kLanes; ++l) x[l] = first + j + (l < lanes ? l : 0);
+    rounds(x);
+    for (std::size_t l = 0; l < lanes; ++l) {
+      out[j + l] = x[l];
+      walking[left_over] = static_cast<std::uint32_t>(j + l);
+      left_over += x[l] >= n_;
+    }
+  }
+  while (left_over > 0) {
+    std::size_t still = 0;
+    for (std::size_t k = 0; k < left_over; k += kLanes) {
+      std::uint64_t x[kLanes];
+      const std::size_t lanes = std::min(kLanes, left_over - k);
+      for (std::size_t l = 0; l < kLanes; ++l) x[l] = out[walking[k + (l < lanes ? l : 0)]];
+      rounds(x);
+      for (std::size_t l = 0; l < lanes; ++l) {
+        const std::uint32_t at = walking[k + l];
+        out[at] = x[l];
+        walking[still] = at;  // still <= k + l: an entry already read
+        still += x[l] >= n_;
+      }
+    }
+    left_over = still;
+  }
 }
 
 }  // namespace flowstate

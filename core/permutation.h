@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace flowstate {
@@ -20,6 +21,11 @@ class FeistelPermutation {
   FeistelPermutation(std::uint64_t n, std::uint64_t key);
   /// The image of i; requires i < n.
   std::uint64_t operator()(std::uint64_t i) const;
+  /// The images of first, first + 1, ... into `out` (out[j] == (*this)(first + j)); requires
+  /// first + out.size() <= n. Tabled, eight elements go through the rounds side by side: one
+  /// element's six lookups depend on each other, eight elements' do not, so their latencies
+  /// overlap (a global shuffle's pull asks for its whole chunk at once).
+  void images(std::uint64_t first, std::span<std::uint64_t> out) const;
   std::uint64_t size() const { return n_; }
 
   static constexpr int kRounds = 6;

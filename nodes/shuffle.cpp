@@ -145,8 +145,11 @@ std::size_t GlobalShuffleNode::pull(std::span<Ref> out) {
   while (k < out.size() && state_.cursor < n) {
     const auto want =
         static_cast<std::size_t>(std::min<std::uint64_t>(out.size() - k, n - state_.cursor));
-    for (std::size_t j = 0; j < want; ++j)
-      out[k + j] = upstream_->at(state_.epoch, perm(state_.cursor + j));
+    // The chunk's images at once (their table lookups overlap), then the upstream's Refs.
+    thread_local std::vector<std::uint64_t> images;
+    images.resize(want);
+    perm.images(state_.cursor, images);
+    for (std::size_t j = 0; j < want; ++j) out[k + j] = upstream_->at(state_.epoch, images[j]);
     state_.cursor += want;
     if (!gaps_) {
       k += want;

@@ -94,5 +94,24 @@ TEST(FeistelPermutation, TabledRoundsEqualTheNetworkComputedPerRound) {
   }
 }
 
+// A chunk's images computed side by side are the images one by one: tabled widths (eight
+// elements a step, then the rest one by one) and the width computed per round, at any start.
+TEST(FeistelPermutation, ImagesOfAChunkAreItsElementsImages) {
+  for (const std::uint64_t n :
+       {std::uint64_t{1}, std::uint64_t{7}, std::uint64_t{200000}, std::uint64_t{16777217}}) {
+    FeistelPermutation p(n, 0xfee1 + n);
+    for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{3}, n / 2}) {
+      for (const std::size_t count :
+           {std::size_t{0}, std::size_t{1}, std::size_t{8}, std::size_t{29}}) {
+        if (first + count > n) continue;
+        std::vector<std::uint64_t> out(count, ~std::uint64_t{0});
+        p.images(first, out);
+        for (std::size_t j = 0; j < count; ++j)
+          ASSERT_EQ(out[j], p(first + j)) << "n " << n << " first " << first << " j " << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flowstate
