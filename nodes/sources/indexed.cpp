@@ -58,13 +58,14 @@ IndexedFile::IndexedFile(const std::string& idx_path, IndexCopies* copies) {
   idx_ = std::make_shared<const MappedFile>(idx_path);
   idx_size_ = idx_->size();
   idx_data_ = idx_->data();
-  if (copies == nullptr || idx_->in_memory() || !copy_index_into(*copies))
-    copy_index_into_huge_pages();
+  // The header and the .bin first: the copy checks the entries as it reads them.
   check_index(idx_path);
   bin_ = std::make_shared<const MappedFile>(bin_path(idx_path));
   bin_data_ = bin_->data();
   bin_name_ = bin_->path();
   bin_size_ = bin_->size();
+  if (copies == nullptr || idx_->in_memory() || !copy_index_into(*copies))
+    copy_index_into_huge_pages();
   check_entries(idx_path);
 }
 
@@ -93,11 +94,11 @@ IndexedFile::IndexedFile(std::shared_ptr<const CachePin> idx, const std::string&
   idx_ = std::make_shared<const MappedFile>(idx_pin_->path());
   idx_size_ = idx_->size();
   idx_data_ = idx_->data();
-  copy_index_into_huge_pages();
   // Messages name the object, not its copy in the cache.
   check_index(idx_url);
   bin_name_ = blocks.objects()[bin_object].url;
   bin_size_ = blocks.objects()[bin_object].size;
+  copy_index_into_huge_pages();
   check_entries(idx_url);
 }
 
@@ -146,6 +147,16 @@ void IndexedFile::check_entries(const std::string& idx_path) {
   auto fail = [&](std::uint64_t offset, const std::string& why) -> DataError {
     return DataError(idx_path, offset, "'" + idx_path + "' is not a valid Megatron index: " + why);
   };
+  // The common case, an index that keeps the rules, is told by the scan (made while the copy
+  // was read, else now), ~10x faster than the loops below, which name the first bad entry.
+  if (!scan_.complete) {
+    scan_ = EntryScan{};
+    scan_entries(idx_data_, scan_, idx_size_);
+  }
+  if (scan_.bad == 0) {
+    one_sequence_per_document_ = scan_.identity;
+    return;
+  }
   const std::uint64_t doc_entries = documents_ + 1;
   // Sequences lie one after another from offset 0, as Megatron's writer puts them: documents
   // are then contiguous byte ranges, and the last sequence ends at the end of the .bin.
@@ -192,12 +203,82 @@ void IndexedFile::check_entries(const std::string& idx_path) {
   one_sequence_per_document_ = identity;
 }
 
+void IndexedFile::scan_entries(const std::byte* base, EntryScan& scan, std::uint64_t read) const {
+  // Sequence i starts where i - 1 ends (pointer[i] == pointer[i - 1] + length[i - 1] * item),
+  // the first at 0 and the last ending at the .bin's end. Each pointer at most the .bin's
+  // size (so no sum wraps) and each length non-negative make those the running sums that
+  // check_entries compares, and so the same verdict. A pair is checked once both of its
+  // entries are read (the lengths lie before the pointers).
+  const std::byte* lengths = base + lengths_at_;
+  const std::byte* pointers = base + pointers_at_;
+  const std::uint64_t item = item_, size = bin_size_, n = sequences_;
+  // Per pair, folds without a comparison's flag: the lengths OR-ed (a sign bit set means a
+  // negative one), the largest pointer, and the chain's differences OR-ed.
+  std::uint64_t bad = scan.bad;
+  if (read > pointers_at_) {
+    const std::uint64_t got = std::min<std::uint64_t>(n, (read - pointers_at_) / 8);
+    std::int32_t lengths_or = 0;
+    std::uint64_t largest = 0, breaks = 0;
+    for (std::uint64_t i = scan.sequences_done; i + 1 < got; ++i) {
+      const auto length = load_le<std::int32_t>(lengths + 4 * i);
+      const auto at = load_le<std::uint64_t>(pointers + 8 * i);
+      const auto next = load_le<std::uint64_t>(pointers + 8 * i + 8);
+      lengths_or |= length;
+      largest = std::max(largest, at);
+      breaks |= next ^ (at + static_cast<std::uint64_t>(static_cast<std::int64_t>(length)) * item);
+    }
+    bad |= static_cast<std::uint64_t>(lengths_or < 0) | static_cast<std::uint64_t>(largest > size) |
+           static_cast<std::uint64_t>(breaks != 0);
+    if (got > 0) scan.sequences_done = std::max(scan.sequences_done, got - 1);
+  }
+  // Document entries: 0 first, never decreasing, at most the sequence count, which is last.
+  // Every entry at most n (< 2^63) makes a decrease the sign bit of a difference.
+  const std::byte* docs = base + docs_at_;
+  const std::uint64_t entries = documents_ + 1;
+  std::uint64_t same = scan.same;
+  if (read > docs_at_) {
+    const std::uint64_t got = std::min<std::uint64_t>(entries, (read - docs_at_) / 8);
+    std::uint64_t largest = 0, steps = 0, others = 0;
+    for (std::uint64_t d = scan.documents_done; d + 1 < got; ++d) {
+      const auto s = load_le<std::uint64_t>(docs + 8 * d);
+      const auto t = load_le<std::uint64_t>(docs + 8 * d + 8);
+      largest = std::max(largest, t);
+      steps |= t - s;
+      others |= s ^ d;
+    }
+    bad |= static_cast<std::uint64_t>(largest > n || n >> 63 != 0) | steps >> 63;
+    same &= static_cast<std::uint64_t>(others == 0);
+    if (got > 0) scan.documents_done = std::max(scan.documents_done, got - 1);
+  }
+  if (read >= idx_size_) {  // the ends
+    if (n == 0) {
+      bad |= static_cast<std::uint64_t>(size != 0);
+    } else {
+      const auto length = load_le<std::int32_t>(lengths + 4 * (n - 1));
+      const auto at = load_le<std::uint64_t>(pointers + 8 * (n - 1));
+      bad |= static_cast<std::uint64_t>(load_le<std::uint64_t>(pointers) != 0) |
+             static_cast<std::uint64_t>(length < 0) | static_cast<std::uint64_t>(at > size) |
+             static_cast<std::uint64_t>(at + static_cast<std::uint64_t>(length) * item != size);
+    }
+    bad |= static_cast<std::uint64_t>(load_le<std::uint64_t>(docs) != 0) |
+           static_cast<std::uint64_t>(load_le<std::uint64_t>(docs + 8 * (entries - 1)) != n);
+    scan.complete = true;
+    scan.identity = entries == n + 1 && same != 0;
+  }
+  scan.bad = bad;
+  scan.same = same;
+}
+
 namespace {
 
 /// Reads the file `m` maps into `into` (m.size() bytes) with pread: the kernel copies from its
-/// page cache, where a copy from the mapping would fault each page in first. False when the
-/// file at m.path() is no longer the one mapped, or a read fails.
-bool read_mapped_file(const MappedFile& m, std::byte* into) {
+/// page cache, where a copy from the mapping would fault each page in first. Reads 256 KiB at
+/// a time and calls `read(bytes)` with the bytes read so far after each, while the last ones
+/// are in the cache. False when the file at m.path() is no longer the one mapped, or a read
+/// fails.
+template <class OnRead>
+bool read_mapped_file(const MappedFile& m, std::byte* into, OnRead&& read) {
+  constexpr std::size_t kChunk = std::size_t{256} << 10;
   const int fd = ::open(m.path().c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
@@ -206,16 +287,25 @@ bool read_mapped_file(const MappedFile& m, std::byte* into) {
             static_cast<std::uint64_t>(st.st_ino) == m.stat().inode &&
             static_cast<std::uint64_t>(st.st_size) == size;
   for (std::size_t at = 0; ok && at < size;) {
-    const ssize_t n = ::pread(fd, into + at, size - at, static_cast<off_t>(at));
+    const ssize_t n = ::pread(fd, into + at, std::min(kChunk, size - at), static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
     ok = n > 0;
     at += ok ? static_cast<std::size_t>(n) : 0;
+    if (ok) read(at);
   }
   ::close(fd);
   return ok;  // (what was read is checked entry by entry, as the mapping would be)
 }
 
 }  // namespace
+
+bool IndexedFile::read_into(std::byte* into) {
+  EntryScan scan;
+  if (!read_mapped_file(*idx_, into, [&](std::uint64_t read) { scan_entries(into, scan, read); }))
+    return false;
+  scan_ = scan;  // complete: the last chunk read the file's end
+  return true;
+}
 
 void IndexedFile::copy_index_into_huge_pages() {
   constexpr std::size_t kHuge = std::size_t{2} << 20;
@@ -239,7 +329,7 @@ void IndexedFile::copy_index_into_huge_pages() {
   if (tail > 0) ::munmap(aligned + length, tail);
   std::shared_ptr<std::byte> copy(aligned, [length](std::byte* at) { ::munmap(at, length); });
   ::madvise(aligned, length, MADV_HUGEPAGE);
-  if (!read_mapped_file(*idx_, aligned)) return;  // the mapping is kept
+  if (!read_into(aligned)) return;  // the mapping is kept
   idx_copy_ = std::move(copy);
   idx_data_ = idx_copy_.get();
   idx_.reset();
@@ -247,7 +337,7 @@ void IndexedFile::copy_index_into_huge_pages() {
 
 bool IndexedFile::copy_index_into(IndexCopies& copies) {
   std::byte* at = copies.allocate(idx_size_);
-  if (!read_mapped_file(*idx_, at)) return false;
+  if (!read_into(at)) return false;
   idx_data_ = at;
   idx_.reset();
   return true;

@@ -154,6 +154,21 @@ class IndexedFile {
   void check_index(const std::string& idx);
   /// Checks the sequences and documents against the .bin's size.
   void check_entries(const std::string& idx);
+  /// check_entries' rules checked with no branch per entry, over the entries as they are read
+  /// (a chunk of the .idx at a time, while it is in the cache) or over the whole index at once.
+  /// Only an index that breaks them goes through check_entries' loops, entry by entry, for the
+  /// message naming its first bad entry.
+  struct EntryScan {
+    std::uint64_t sequences_done = 0;  ///< pairs (i, i + 1) of sequences checked: i below this
+    std::uint64_t documents_done = 0;  ///< pairs (d, d + 1) of document entries checked
+    std::uint64_t bad = 0;             ///< nonzero: some rule is broken
+    std::uint64_t same = 1;            ///< every document entry d checked is d
+    bool complete = false;             ///< every entry is checked (the first `idx_size_` bytes)
+    bool identity = false;             ///< complete, and document d is sequence d
+  };
+  /// Checks the entries that lie in the first `read` bytes of the .idx at `base` and not yet
+  /// in `scan`; the last call has read == idx_size_. Needs check_index() and the .bin's size.
+  void scan_entries(const std::byte* base, EntryScan& scan, std::uint64_t read) const;
   /// Bytes [begin, end) of document `d` / sequence `i` in the .bin.
   std::pair<std::uint64_t, std::uint64_t> document_range(std::uint64_t d) const;
   /// Bytes [begin, end) of the .bin.
@@ -175,6 +190,9 @@ class IndexedFile {
   /// Points idx_data_ at a copy of a mapped .idx in `copies` (read with pread); false when the
   /// file could not be read again as the one mapped (idx_data_ then stays on the mapping).
   bool copy_index_into(IndexCopies& copies);
+  /// Reads the mapped .idx into `into` (read_mapped_file), scanning its entries as they come
+  /// (scan_); false as read_mapped_file.
+  bool read_into(std::byte* into);
 
   /// idx_: null once a copy holds the index; bin_: null for a remote .bin and one in a set.
   std::shared_ptr<const MappedFile> idx_, bin_;
@@ -200,6 +218,7 @@ class IndexedFile {
   /// the document index (one cache miss per document of a shuffled order, not two).
   bool one_sequence_per_document_ = false;
   std::size_t lengths_at_ = 0, pointers_at_ = 0, docs_at_ = 0;  ///< byte offsets in .idx
+  EntryScan scan_;  ///< of the copy made (complete), or of nothing yet
 };
 
 /// The `indexed` source.

@@ -183,6 +183,7 @@ TEST(IndexedSource, ViewsOfAChunkEqualViewsOneByOne) {
 }
 
 void put64(std::string& s, std::size_t at, std::int64_t v) { std::memcpy(&s[at], &v, 8); }
+void put32(std::string& s, std::size_t at, std::int32_t v) { std::memcpy(&s[at], &v, 4); }
 
 /// Kilobytes of the mapping(s) of `path` present in this process's page tables (smaps' Rss).
 std::uint64_t mapped_kb(const std::string& path) {
@@ -262,6 +263,94 @@ TEST(IndexedSource, ChecksAndReadsAnIndexOfAHugePageOrMoreFromItsCopy) {
     EXPECT_EQ(e.offset(), pointers + 8 * 100'000);
     EXPECT_NE(std::string(e.what()).find("sequence 100000 starts at byte 12345"), std::string::npos)
         << e.what();
+  }
+}
+
+// A big index is checked as it is read, a chunk at a time: an entry anywhere (those that
+// straddle any 64 KiB boundary of the pointers included) is refused with the message of the
+// check entry by entry, and a document index that groups sequences is read through, not
+// taken for one sequence per document.
+TEST(IndexedSource, ChecksABigIndexChunkByChunkAsEntryByEntry) {
+  TempDir dir;
+  constexpr int kSequences = 120'000;  // 2.3 MiB of index: read into huge pages, in chunks
+  std::vector<std::int32_t> lengths(kSequences);
+  std::string bin;
+  for (int i = 0; i < kSequences; ++i) {
+    lengths[i] = 1 + i % 3;
+    for (int j = 0; j < lengths[i]; ++j) {
+      const auto v = static_cast<std::uint16_t>(i + j);
+      bin.append(reinterpret_cast<const char*>(&v), 2);
+    }
+  }
+  std::vector<std::uint64_t> pairs;  // document d: sequences 2d and 2d + 1
+  for (std::uint64_t i = 0; i <= kSequences; i += 2) pairs.push_back(i);
+  const std::string idx = megatron_index(DType::kUInt16, lengths, pairs);
+  testing::write_file(dir / "big.bin", bin);
+  auto open = [&](const std::string& bytes) -> std::optional<DataError> {
+    testing::write_file(dir / "big.idx", bytes);
+    try {
+      IndexedSource src("indexed", {.paths = {dir / "big.idx"}});
+      EXPECT_EQ(src.size(0), pairs.size() - 1);
+      for (const std::uint64_t d : {std::uint64_t{0}, std::uint64_t{31'337}, pairs.size() - 2}) {
+        Sample sample;
+        src.read(src.at(0, d), sample);
+        const auto got = values<std::uint16_t>(sample.at("tokens"));
+        std::vector<std::int64_t> want;
+        for (const std::uint64_t i : {2 * d, 2 * d + 1})
+          for (int j = 0; j < lengths[i]; ++j) want.push_back((i + j) & 0xffff);
+        EXPECT_EQ(got, want) << "document " << d;
+      }
+      return std::nullopt;
+    } catch (const DataError& e) {
+      return e;
+    }
+  };
+  ASSERT_FALSE(open(idx).has_value());
+
+  const std::size_t pointers = 34 + 4 * std::size_t{kSequences};
+  const std::size_t docs = pointers + 8 * std::size_t{kSequences};
+  std::vector<std::size_t> moved;  // pointer entries that straddle or start a 64 KiB boundary
+  for (std::size_t b = 64 << 10; b < docs; b += 64 << 10)
+    if (b > pointers + 8) moved.insert(moved.end(), {(b - pointers) / 8, (b - pointers + 7) / 8});
+  for (const std::size_t i : moved) {
+    std::string damaged = idx;
+    put64(damaged, pointers + 8 * i, 12345);
+    const auto e = open(damaged);
+    ASSERT_TRUE(e.has_value()) << "sequence " << i;
+    EXPECT_EQ(e->offset(), pointers + 8 * i);
+    EXPECT_NE(
+        std::string(e->what()).find("sequence " + std::to_string(i) + " starts at byte 12345"),
+        std::string::npos)
+        << e->what();
+  }
+  {
+    std::string damaged = idx;  // a negative length late in the lengths
+    put32(damaged, 34 + 4 * std::size_t{kSequences - 7}, -1);
+    const auto e = open(damaged);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_NE(std::string(e->what()).find("sequence " + std::to_string(kSequences - 7) +
+                                          " has length -1"),
+              std::string::npos)
+        << e->what();
+  }
+  {
+    std::string damaged = idx;  // a document entry that goes back, in the index's last chunk
+    const std::size_t d = pairs.size() - 5;
+    put64(damaged, docs + 8 * d, static_cast<std::int64_t>(pairs[d - 2]));
+    const auto e = open(damaged);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->offset(), docs + 8 * d);
+    EXPECT_NE(std::string(e->what()).find("document index entry " + std::to_string(d) + " is " +
+                                          std::to_string(pairs[d - 2])),
+              std::string::npos)
+        << e->what();
+  }
+  {
+    std::string damaged = idx;  // a document entry past the sequences
+    put64(damaged, docs + 8 * 1000, kSequences + 1);
+    const auto e = open(damaged);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->offset(), docs + 8 * 1000);
   }
 }
 
