@@ -14,11 +14,7 @@
 // `cpu_s` is the process's CPU time over the timed copy.
 //
 // Only uint16 data sets (Megatron dtype code 8), as `flowstate gen indexed` writes them.
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,32 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "w2_map.h"
+
 namespace {
-
-struct Map {
-  const std::byte* data = nullptr;
-  std::size_t size = 0;
-};
-
-Map map_file(const std::string& path, bool populate) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    std::perror(path.c_str());
-    std::exit(1);
-  }
-  struct stat st {};
-  ::fstat(fd, &st);
-  Map m;
-  m.size = static_cast<std::size_t>(st.st_size);
-  void* p = ::mmap(nullptr, m.size, PROT_READ, MAP_PRIVATE | (populate ? MAP_POPULATE : 0), fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    std::perror("mmap");
-    std::exit(1);
-  }
-  m.data = static_cast<const std::byte*>(p);
-  return m;
-}
 
 template <class T>
 T load(const std::byte* p) {
@@ -92,8 +65,8 @@ int main(int argc, char** argv) {
   constexpr std::size_t kAhead = 16;  // documents prefetched ahead of the one copied
   constexpr std::uint16_t kEos = 0;
   const auto t_open = std::chrono::steady_clock::now();
-  const Map idx = map_file(idx_path, true);
-  const Map bin = map_file(idx_path.substr(0, idx_path.size() - 4) + ".bin", !faults);
+  const w2::Map idx = w2::map_file(idx_path, true);
+  const w2::Map bin = w2::map_file(idx_path.substr(0, idx_path.size() - 4) + ".bin", !faults);
   if (load<std::uint8_t>(idx.data + 17) != 8) {
     std::fprintf(stderr, "w2_ceiling: only uint16 data sets\n");
     return 1;

@@ -17,10 +17,6 @@
 // 2 MiB folios), as a whole process pays them. Prints one JSON line.
 //
 // Only uint16 data sets (Megatron dtype code 8), as `flowstate gen indexed` writes them.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +30,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "w2_map.h"
 
 namespace {
 
@@ -51,29 +49,6 @@ struct Plan {
   std::uint32_t n = 0;
   Piece pieces[256];
 };
-
-struct Map {
-  const std::byte* data = nullptr;
-  std::size_t size = 0;
-};
-
-Map map_file(const std::string& path, bool populate) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    std::perror(path.c_str());
-    std::exit(1);
-  }
-  struct stat st {};
-  ::fstat(fd, &st);
-  void* p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ,
-                   MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    std::perror("mmap");
-    std::exit(1);
-  }
-  return {static_cast<const std::byte*>(p), static_cast<std::size_t>(st.st_size)};
-}
 
 void copy(const Plan& plan, std::uint16_t* dst) {
   std::size_t at = 0;
@@ -95,8 +70,8 @@ int main(int argc, char** argv) {
   const std::string idx_path = argv[1];
   const bool two = std::string(argv[2]) == "two";
   const int every = argc > 3 ? std::atoi(argv[3]) : 0;
-  const Map idx = map_file(idx_path, true);
-  const Map bin = map_file(idx_path.substr(0, idx_path.size() - 4) + ".bin", false);
+  const w2::Map idx = w2::map_file(idx_path, true);
+  const w2::Map bin = w2::map_file(idx_path.substr(0, idx_path.size() - 4) + ".bin", false);
   if (static_cast<std::uint8_t>(idx.data[17]) != 8) {
     std::fprintf(stderr, "w2_two_core_probe: only uint16 data sets\n");
     return 1;

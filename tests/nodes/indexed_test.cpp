@@ -223,21 +223,29 @@ TEST(IndexedSource, MapsTheBinsPagesInOnAThreadOfItsOwn) {
   for (int i = 0; i < 20; ++i) IndexedSource("indexed", {.paths = {dir / "p.idx"}});
 }
 
+/// The .bin of `n` sequences of 1, 2 or 3 uint16 tokens (sequence i: i, i + 1, ...), their
+/// lengths into `lengths`: with n = 120 000, an index of 2.3 MiB.
+std::string big_bin(int n, std::vector<std::int32_t>& lengths) {
+  lengths.assign(static_cast<std::size_t>(n), 0);
+  std::string bin;
+  for (int i = 0; i < n; ++i) {
+    lengths[i] = 1 + i % 3;
+    for (int j = 0; j < lengths[i]; ++j) {
+      const auto v = static_cast<std::uint16_t>(i + j);
+      bin.append(reinterpret_cast<const char*>(&v), 2);
+    }
+  }
+  return bin;
+}
+
 // An index of 2 MiB or more is read into huge pages and used from there, its mapping never
 // touched: every entry checked and every document read as through the mapping, and damage
 // found in it as in a mapped one.
 TEST(IndexedSource, ChecksAndReadsAnIndexOfAHugePageOrMoreFromItsCopy) {
   TempDir dir;
   constexpr int kDocs = 120'000;  // 20 bytes of index each: 2.3 MiB
-  std::vector<std::int32_t> lengths(kDocs);
-  std::string bin;
-  for (int d = 0; d < kDocs; ++d) {
-    lengths[d] = 1 + d % 3;
-    for (int j = 0; j < lengths[d]; ++j) {
-      const auto v = static_cast<std::uint16_t>(d + j);
-      bin.append(reinterpret_cast<const char*>(&v), 2);
-    }
-  }
+  std::vector<std::int32_t> lengths;
+  const std::string bin = big_bin(kDocs, lengths);
   const std::string idx = megatron_index(DType::kUInt16, lengths);
   ASSERT_GE(idx.size(), std::size_t{2} << 20);
   testing::write_file(dir / "big.bin", bin);
@@ -273,15 +281,8 @@ TEST(IndexedSource, ChecksAndReadsAnIndexOfAHugePageOrMoreFromItsCopy) {
 TEST(IndexedSource, ChecksABigIndexChunkByChunkAsEntryByEntry) {
   TempDir dir;
   constexpr int kSequences = 120'000;  // 2.3 MiB of index: read into huge pages, in chunks
-  std::vector<std::int32_t> lengths(kSequences);
-  std::string bin;
-  for (int i = 0; i < kSequences; ++i) {
-    lengths[i] = 1 + i % 3;
-    for (int j = 0; j < lengths[i]; ++j) {
-      const auto v = static_cast<std::uint16_t>(i + j);
-      bin.append(reinterpret_cast<const char*>(&v), 2);
-    }
-  }
+  std::vector<std::int32_t> lengths;
+  const std::string bin = big_bin(kSequences, lengths);
   std::vector<std::uint64_t> pairs;  // document d: sequences 2d and 2d + 1
   for (std::uint64_t i = 0; i <= kSequences; i += 2) pairs.push_back(i);
   const std::string idx = megatron_index(DType::kUInt16, lengths, pairs);
