@@ -280,12 +280,13 @@ TEST(IndexedSource, ChecksAndReadsAnIndexOfAHugePageOrMoreFromItsCopy) {
 // taken for one sequence per document.
 TEST(IndexedSource, ChecksABigIndexChunkByChunkAsEntryByEntry) {
   TempDir dir;
-  constexpr int kSequences = 120'000;  // 2.3 MiB of index: read into huge pages, in chunks
+  constexpr int kSequences = 150'000;  // 2.3 MiB of index: read into huge pages, in chunks
   std::vector<std::int32_t> lengths;
   const std::string bin = big_bin(kSequences, lengths);
   std::vector<std::uint64_t> pairs;  // document d: sequences 2d and 2d + 1
   for (std::uint64_t i = 0; i <= kSequences; i += 2) pairs.push_back(i);
   const std::string idx = megatron_index(DType::kUInt16, lengths, pairs);
+  ASSERT_GE(idx.size(), std::size_t{2} << 20);
   testing::write_file(dir / "big.bin", bin);
   auto open = [&](const std::string& bytes) -> std::optional<DataError> {
     testing::write_file(dir / "big.idx", bytes);
@@ -301,6 +302,8 @@ TEST(IndexedSource, ChecksABigIndexChunkByChunkAsEntryByEntry) {
           for (int j = 0; j < lengths[i]; ++j) want.push_back((i + j) & 0xffff);
         EXPECT_EQ(got, want) << "document " << d;
       }
+      // Read from its copy (checked as it was read), the mapping never touched.
+      EXPECT_EQ(mapped_kb(fs::canonical(dir / "big.idx").string()), 0u);
       return std::nullopt;
     } catch (const DataError& e) {
       return e;
