@@ -34,6 +34,10 @@ std::optional<std::uint8_t> megatron_dtype_code(DType dtype) {
   return std::nullopt;
 }
 
+std::string megatron_bin_path(const std::string& idx) {
+  return (idx.ends_with(".idx") ? idx.substr(0, idx.size() - 4) : idx) + ".bin";
+}
+
 std::string megatron_index(DType dtype, std::span<const std::int32_t> lengths,
                            std::span<const std::uint64_t> documents) {
   const auto code = megatron_dtype_code(dtype);

@@ -36,6 +36,9 @@ inline constexpr std::size_t kMegatronHeaderBytes = 9 + 8 + 1 + 8 + 8;
 std::optional<DType> megatron_dtype(std::uint8_t code);
 /// Megatron's code of `dtype`; nullopt for one it cannot hold (uint32, uint64, bool).
 std::optional<std::uint8_t> megatron_dtype_code(DType dtype);
+/// PREFIX.bin for PREFIX.idx (a path or a URL; `idx` itself + ".bin" when it does not end in
+/// ".idx").
+std::string megatron_bin_path(const std::string& idx);
 
 /// The bytes of a PREFIX.idx (version 1) for sequences of `lengths` items of `dtype` lying end
 /// to end in PREFIX.bin: pointers[s] is the sum of the lengths before s times the item size.
