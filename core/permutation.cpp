@@ -1,11 +1,37 @@
 #include "flowstate/core/permutation.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "flowstate/core/rng.h"
 
 namespace flowstate {
+namespace {
+
+/// The network's rounds, tabled, over `Lanes` elements side by side: x[l] becomes its image
+/// under one pass of the network (no cycle walking). One lane is `encrypt`; eight let one
+/// element's dependent lookups overlap with the others' (`images`).
+template <std::size_t Lanes>
+void tabled_rounds(const std::uint16_t* table, unsigned half_bits, std::uint64_t* x) {
+  const std::uint64_t values = std::uint64_t{1} << half_bits, half_mask = values - 1;
+  std::uint64_t left[Lanes], right[Lanes];
+  for (std::size_t l = 0; l < Lanes; ++l) {
+    left[l] = x[l] >> half_bits;
+    right[l] = x[l] & half_mask;
+  }
+  const std::uint16_t* f = table;
+  for (int r = 0; r < FeistelPermutation::kRounds; ++r, f += values) {
+    for (std::size_t l = 0; l < Lanes; ++l) {
+      const std::uint64_t next = left[l] ^ f[right[l]];
+      left[l] = right[l];
+      right[l] = next;
+    }
+  }
+  for (std::size_t l = 0; l < Lanes; ++l) x[l] = (left[l] << half_bits) | right[l];
+}
+
+}  // namespace
 
 FeistelPermutation::FeistelPermutation(std::uint64_t n, std::uint64_t key) : n_(n), key_(key) {
   // Smallest even bit count 2h with 2^(2h) >= n, so cycle walking takes < 4 tries expected.
@@ -24,16 +50,11 @@ FeistelPermutation::FeistelPermutation(std::uint64_t n, std::uint64_t key) : n_(
 }
 
 std::uint64_t FeistelPermutation::encrypt(std::uint64_t x) const {
-  std::uint64_t left = x >> half_bits_, right = x & half_mask_;
   if (!table_.empty()) {
-    const std::uint16_t* f = table_.data();
-    for (int r = 0; r < kRounds; ++r, f += half_mask_ + 1) {
-      const std::uint64_t next = left ^ f[right];
-      left = right;
-      right = next;
-    }
-    return (left << half_bits_) | right;
+    tabled_rounds<1>(table_.data(), half_bits_, &x);
+    return x;
   }
+  std::uint64_t left = x >> half_bits_, right = x & half_mask_;
   for (int r = 0; r < kRounds; ++r) {
     std::uint64_t f = philox64(key_, static_cast<std::uint64_t>(r), right) & half_mask_;
     std::uint64_t next = left ^ f;
@@ -60,24 +81,7 @@ void FeistelPermutation::images(std::uint64_t first, std::span<std::uint64_t> ou
   // outside [0, n) (about a quarter) are gathered without a branch and go through again, side
   // by side, until none is left: cycle walking with no unpredictable branch per element.
   constexpr std::size_t kLanes = 8;
-  const std::uint16_t* table = table_.data();
-  const std::uint64_t values = half_mask_ + 1;
-  auto rounds = [&](std::uint64_t* x) {
-    std::uint64_t left[kLanes], right[kLanes];
-    for (std::size_t l = 0; l < kLanes; ++l) {
-      left[l] = x[l] >> half_bits_;
-      right[l] = x[l] & half_mask_;
-    }
-    const std::uint16_t* f = table;
-    for (int r = 0; r < kRounds; ++r, f += values) {
-      for (std::size_t l = 0; l < kLanes; ++l) {
-        const std::uint64_t next = left[l] ^ f[right[l]];
-        left[l] = right[l];
-        right[l] = next;
-      }
-    }
-    for (std::size_t l = 0; l < kLanes; ++l) x[l] = (left[l] << half_bits_) | right[l];
-  };
+  auto rounds = [this](std::uint64_t* x) { tabled_rounds<kLanes>(table_.data(), half_bits_, x); };
   thread_local std::vector<std::uint32_t> walking;  // positions in `out` still >= n
   walking.resize(out.size() + kLanes);
   std::size_t left_over = 0;
