@@ -443,6 +443,22 @@ class RunLoop {
   }
 
  private:
+  /// The batch's --digests and --provenance lines.
+  void write_lines(const Batch& b) {
+    const BatchInfo& info = b.info;
+    const std::string prefix = std::to_string(info.step) + " " + std::to_string(info.epoch) + " " +
+                               std::to_string(info.index_in_epoch);
+    if (digests_) digests_.write(prefix + " " + hex64(b.digest()));
+    if (provenance_) {
+      std::string line = prefix;
+      for (const Ref& r : info.refs) {
+        line += ' ';
+        line += r.to_string();
+      }
+      provenance_.write(line);
+    }
+  }
+
   /// One delivered batch: counted, its digest and provenance lines, progress, and the
   /// periodic checkpoint.
   void consume(const Batch& batch) {
@@ -455,14 +471,7 @@ class RunLoop {
     samples_ += info.num_samples;
     const std::uint64_t nbytes = batch_bytes(*b);
     bytes_ += nbytes;
-    const std::string prefix = std::to_string(info.step) + " " + std::to_string(info.epoch) + " " +
-                               std::to_string(info.index_in_epoch);
-    if (digests_) digests_.write(prefix + " " + hex64(b->digest()));
-    if (provenance_) {
-      std::string line = prefix;
-      for (const Ref& r : info.refs) line += " " + r.to_string();
-      provenance_.write(line);
-    }
+    if (digests_ || provenance_) write_lines(*b);
     std::optional<std::uint64_t> total = steps_;
     if (!total && options_.epochs > 0 && info.batches_in_epoch)
       total = options_.epochs * *info.batches_in_epoch;
