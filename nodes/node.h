@@ -6,6 +6,7 @@
 // Nodes do not know about TBB: the graph layer wires them into a tbb::flow::graph.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -329,6 +330,26 @@ struct CursorState {
                       std::pair{"cursor", &CursorState::cursor}};
   }
 };
+
+/// The body of a pull over an epoch's positions (shard, a global shuffle): fills `out` with
+/// the Refs of positions `cursor`, `cursor + 1`, ... below `n`, `chunk(first, refs)` writing
+/// the Refs of a run of positions from `first` at once. With `gaps`, gone positions (a removed
+/// file's records) are passed over, the cursor counting them. Returns the Refs written.
+template <class Chunk>
+std::size_t pull_positions(std::span<Ref> out, std::uint64_t& cursor, std::uint64_t n, bool gaps,
+                           Chunk&& chunk) {
+  std::size_t k = 0;
+  while (k < out.size() && cursor < n) {
+    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(out.size() - k, n - cursor));
+    chunk(cursor, out.subspan(k, want));
+    cursor += want;
+    if (!gaps) return k + want;
+    const std::size_t end = k + want;
+    for (std::size_t j = k; j < end; ++j)
+      if (!out[j].is_gone()) out[k++] = out[j];
+  }
+  return k;
+}
 
 }  // namespace flowstate
 

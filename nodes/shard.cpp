@@ -216,24 +216,12 @@ Ref ShardNode::at(std::uint64_t epoch, std::uint64_t i) const {
 }
 
 std::size_t ShardNode::pull(std::span<Ref> out) {
-  const std::uint64_t n = positions(state_.epoch);
   const bool gaps = upstream_->positions(state_.epoch) != upstream_->size(state_.epoch);
-  std::size_t k = 0;
-  while (k < out.size() && state_.cursor < n) {
-    const auto want =
-        static_cast<std::size_t>(std::min<std::uint64_t>(out.size() - k, n - state_.cursor));
-    for (std::size_t j = 0; j < want; ++j) out[k + j] = at(state_.epoch, state_.cursor + j);
-    state_.cursor += want;
-    if (!gaps) {
-      k += want;
-      break;
-    }
-    // Gone positions are passed over; the cursor counts them.
-    const std::size_t end = k + want;
-    for (std::size_t j = k; j < end; ++j)
-      if (!out[j].is_gone()) out[k++] = out[j];
-  }
-  return k;
+  return pull_positions(out, state_.cursor, positions(state_.epoch), gaps,
+                        [&](std::uint64_t first, std::span<Ref> refs) {
+                          for (std::size_t j = 0; j < refs.size(); ++j)
+                            refs[j] = at(state_.epoch, first + j);
+                        });
 }
 
 void ShardNode::validate(const CursorState& s) const {

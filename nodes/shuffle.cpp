@@ -140,27 +140,16 @@ void GlobalShuffleNode::start_epoch(std::uint64_t epoch) {
 
 std::size_t GlobalShuffleNode::pull(std::span<Ref> out) {
   const auto& perm = permutation(state_.epoch);
-  const std::uint64_t n = perm.size();
-  std::size_t k = 0;
-  while (k < out.size() && state_.cursor < n) {
-    const auto want =
-        static_cast<std::size_t>(std::min<std::uint64_t>(out.size() - k, n - state_.cursor));
-    // The chunk's images at once (their table lookups overlap), then the upstream's Refs.
-    thread_local std::vector<std::uint64_t> images;
-    images.resize(want);
-    perm.images(state_.cursor, images);
-    for (std::size_t j = 0; j < want; ++j) out[k + j] = upstream_->at(state_.epoch, images[j]);
-    state_.cursor += want;
-    if (!gaps_) {
-      k += want;
-      break;
-    }
-    // Gone positions (a removed file's records) are passed over; the cursor counts them.
-    const std::size_t end = k + want;
-    for (std::size_t j = k; j < end; ++j)
-      if (!out[j].is_gone()) out[k++] = out[j];
-  }
-  return k;
+  return pull_positions(out, state_.cursor, perm.size(), gaps_,
+                        [&](std::uint64_t first, std::span<Ref> refs) {
+                          // The run's images at once (their table lookups overlap), then the
+                          // upstream's Refs.
+                          thread_local std::vector<std::uint64_t> images;
+                          images.resize(refs.size());
+                          perm.images(first, images);
+                          for (std::size_t j = 0; j < refs.size(); ++j)
+                            refs[j] = upstream_->at(state_.epoch, images[j]);
+                        });
 }
 
 void GlobalShuffleNode::validate(const GlobalShuffleState& s) const {
