@@ -362,8 +362,8 @@ std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t 
   const RemoteObject& o = objects_[object];
   const BlockSpan span = span_of(object, offset, length);
   HeldBlock& t = t_held;
-  if (span.first == span.last) {
-    const std::uint64_t g = first_[object] + span.first;
+  // Makes block g the one this thread holds.
+  const auto hold = [&](std::uint64_t g) {
     if (t.reader != id_ || t.g != g) {
       // Hold nothing while this read waits: the block the thread read last is not kept for it.
       t.map.reset();
@@ -375,24 +375,17 @@ std::span<const std::byte> RemoteBlocks::read(std::size_t object, std::uint64_t 
       std::lock_guard lock(mu_);
       consume_planned(g);
     }
+  };
+  if (span.first == span.last) {
+    hold(first_[object] + span.first);
     return {t.map->data() + (offset - span.first * block_), length};
   }
   // Across blocks: copied block after block, one pinned at a time.
   t.buffer.resize(length);
   std::size_t done = 0;
   for (std::uint64_t k = span.first; k <= span.last; ++k) {
-    const std::uint64_t g = first_[object] + k;
     const ByteRange r = block_range(o.size, block_, k);
-    if (t.reader != id_ || t.g != g) {
-      t.map.reset();
-      t.reader = 0;
-      t.map = open(g);
-      t.reader = id_;
-      t.g = g;
-    } else if (planning_.load(std::memory_order_relaxed)) {
-      std::lock_guard lock(mu_);
-      consume_planned(g);
-    }
+    hold(first_[object] + k);
     const std::uint64_t from = std::max(offset, r.offset);
     const std::uint64_t to = std::min(offset + length, r.offset + r.length);
     std::memcpy(t.buffer.data() + done, t.map->data() + (from - r.offset),
