@@ -248,6 +248,32 @@ void report(std::uint64_t items, const std::string& what, std::uint64_t bytes, s
        (dir / glob).string() + " in " + std::to_string(secs).substr(0, 5) + " s");
 }
 
+/// write_shards over `layout`'s files in `dir`, each made item by item: `item(buf, i)` appends
+/// item i's bytes to `buf` (written out as it grows), `tail(buf)` the file's end.
+template <class Item, class Tail>
+std::uint64_t write_item_files(const std::filesystem::path& dir, const Layout& layout,
+                               std::uint64_t items, std::uint64_t shards, Item&& item,
+                               Tail&& tail) {
+  return write_shards(items, shards,
+                      [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
+                        AtomicFile file(dir, layout.name(shard));
+                        std::string buf;
+                        for (std::uint64_t i = begin; i < end; ++i) {
+                          item(buf, i);
+                          file.flush(buf);
+                        }
+                        tail(buf);
+                        file.flush(buf, true);
+                        file.commit();
+                        return file.bytes();
+                      });
+}
+template <class Item>
+std::uint64_t write_item_files(const std::filesystem::path& dir, const Layout& layout,
+                               std::uint64_t items, std::uint64_t shards, Item&& item) {
+  return write_item_files(dir, layout, items, shards, item, [](std::string&) {});
+}
+
 // ---- records ----
 
 int gen_records(const Args& args) {
@@ -312,24 +338,16 @@ int gen_lines(const Args& args) {
 
   const auto start = std::chrono::steady_clock::now();
   const std::uint64_t bytes =
-      write_shards(docs, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
-        AtomicFile file(dir, layout.name(shard));
-        std::string buf;
-        std::vector<std::int64_t> tokens;
-        for (std::uint64_t i = begin; i < end; ++i) {
-          ElementRng rng = document_rng(seed, Corpus::kLines, i);
-          const std::string doc = document(rng);
-          if (!jsonl) {
-            append_line(buf, doc);
-          } else {
-            tokens.assign(doc.begin(), doc.end());  // letters and spaces: no negative char
-            append_jsonl_tokens(buf, i, tokens);
-          }
-          file.flush(buf);
+      write_item_files(dir, layout, docs, shards, [&](std::string& buf, std::uint64_t i) {
+        ElementRng rng = document_rng(seed, Corpus::kLines, i);
+        const std::string doc = document(rng);
+        if (!jsonl) {
+          append_line(buf, doc);
+        } else {
+          thread_local std::vector<std::int64_t> tokens;
+          tokens.assign(doc.begin(), doc.end());  // letters and spaces: no negative char
+          append_jsonl_tokens(buf, i, tokens);
         }
-        file.flush(buf, true);
-        file.commit();
-        return file.bytes();
       });
   report(docs, "documents", bytes, shards, dir, layout.files(), start);
   return kExitOk;
@@ -345,24 +363,17 @@ int gen_tar(const Args& args) {
   prepare_dir(dir, layout, shards);
 
   const auto start = std::chrono::steady_clock::now();
-  const std::uint64_t bytes =
-      write_shards(samples, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
-        AtomicFile file(dir, layout.name(shard));
-        std::string buf;
-        for (std::uint64_t i = begin; i < end; ++i) {
-          ElementRng rng = document_rng(seed, Corpus::kTar, i);
-          const std::string doc = document(rng);
-          char key[24];
-          std::snprintf(key, sizeof(key), "%09llu", static_cast<unsigned long long>(i));
-          append_tar_member(buf, std::string(key) + ".tokens", doc);
-          append_tar_member(buf, std::string(key) + ".cls", std::to_string(rng.below(10)));
-          file.flush(buf);
-        }
-        append_tar_end(buf);
-        file.flush(buf, true);
-        file.commit();
-        return file.bytes();
-      });
+  const std::uint64_t bytes = write_item_files(
+      dir, layout, samples, shards,
+      [&](std::string& buf, std::uint64_t i) {
+        ElementRng rng = document_rng(seed, Corpus::kTar, i);
+        const std::string doc = document(rng);
+        char key[24];
+        std::snprintf(key, sizeof(key), "%09llu", static_cast<unsigned long long>(i));
+        append_tar_member(buf, std::string(key) + ".tokens", doc);
+        append_tar_member(buf, std::string(key) + ".cls", std::to_string(rng.below(10)));
+      },
+      append_tar_end);
   report(samples, "samples", bytes, shards, dir, layout.files(), start);
   return kExitOk;
 }
@@ -382,22 +393,14 @@ int gen_text(const Args& args) {
 
   const auto start = std::chrono::steady_clock::now();
   const std::uint64_t bytes =
-      write_shards(docs, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
-        AtomicFile file(dir, layout.name(shard));
-        std::string buf;
-        for (std::uint64_t i = begin; i < end; ++i) {
-          std::string doc = synthetic_text(seed, i, words);
-          if (txt) {
-            std::replace(doc.begin(), doc.end(), '\n', ' ');
-            append_line(buf, doc);
-          } else {
-            append_jsonl_text(buf, doc);
-          }
-          file.flush(buf);
+      write_item_files(dir, layout, docs, shards, [&](std::string& buf, std::uint64_t i) {
+        std::string doc = synthetic_text(seed, i, words);
+        if (txt) {
+          std::replace(doc.begin(), doc.end(), '\n', ' ');
+          append_line(buf, doc);
+        } else {
+          append_jsonl_text(buf, doc);
         }
-        file.flush(buf, true);
-        file.commit();
-        return file.bytes();
       });
   report(docs, "documents", bytes, shards, dir, layout.files(), start);
   return kExitOk;
@@ -422,25 +425,18 @@ int gen_images(const Args& args) {
   prepare_dir(dir, layout, shards);
 
   const auto start = std::chrono::steady_clock::now();
-  const std::uint64_t bytes =
-      write_shards(samples, shards, [&](std::size_t shard, std::uint64_t begin, std::uint64_t end) {
-        AtomicFile file(dir, layout.name(shard));
-        std::string buf;
-        for (std::uint64_t i = begin; i < end; ++i) {
-          std::uint64_t label = 0;
-          const RgbImage img = synthetic_image(seed, i, min_side, max_side, 1000, &label);
-          char key[24];
-          std::snprintf(key, sizeof(key), "%09llu", static_cast<unsigned long long>(i));
-          append_tar_member(buf, std::string(key) + ".jpg",
-                            encode_jpeg(img.pixels, img.width, img.height, 90));
-          append_tar_member(buf, std::string(key) + ".cls", std::to_string(label));
-          file.flush(buf);
-        }
-        append_tar_end(buf);
-        file.flush(buf, true);
-        file.commit();
-        return file.bytes();
-      });
+  const std::uint64_t bytes = write_item_files(
+      dir, layout, samples, shards,
+      [&](std::string& buf, std::uint64_t i) {
+        std::uint64_t label = 0;
+        const RgbImage img = synthetic_image(seed, i, min_side, max_side, 1000, &label);
+        char key[24];
+        std::snprintf(key, sizeof(key), "%09llu", static_cast<unsigned long long>(i));
+        append_tar_member(buf, std::string(key) + ".jpg",
+                          encode_jpeg(img.pixels, img.width, img.height, 90));
+        append_tar_member(buf, std::string(key) + ".cls", std::to_string(label));
+      },
+      append_tar_end);
   report(samples, "images", bytes, shards, dir, layout.files(), start);
   return kExitOk;
 }
