@@ -111,7 +111,10 @@ std::string checkpoint_marks(const Axes& a, const std::vector<MetricsSample>& sa
 
 std::string values_of(const std::vector<double>& v) {
   std::string s;
-  for (double x : v) s += (s.empty() ? "" : " ") + num(x);
+  for (double x : v) {
+    if (!s.empty()) s += ' ';
+    s += num(x);
+  }
   return s;
 }
 

@@ -50,8 +50,10 @@ class Describer {
   std::string list(const std::vector<StampEntry>& entries,
                    const std::vector<CanonicalParam>& canonical) {
     std::string out = "[";
-    for (std::size_t i = 0; i < entries.size(); ++i)
-      out += (i ? "," : "") + entry(entries[i], lookup(canonical, entries[i].name), canonical);
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      if (i != 0) out += ',';
+      out += entry(entries[i], lookup(canonical, entries[i].name), canonical);
+    }
     return out + "]";
   }
 

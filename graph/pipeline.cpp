@@ -43,7 +43,8 @@ std::string Pipeline::describe() const {
                   " (free)\n";
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const auto& n = nodes_[i];
-    s += "[" + std::to_string(i) + "] " + n.name + ": " + n.description.type + "\n";
+    s += '[';
+    s += std::to_string(i) + "] " + n.name + ": " + n.description.type + "\n";
     for (const auto& p : n.description.params)
       s += "      " + p.key + ": " + p.value + (p.free ? " (free)" : "") + "\n";
   }

@@ -68,7 +68,10 @@ std::string quote(const std::string& s) {
 }  // namespace
 
 JsonObject& JsonObject::add_raw(const std::string& key, const std::string& json) {
-  text_ += (text_.size() > 1 ? "," : "") + quote(key) + ":" + json;
+  if (text_.size() > 1) text_ += ',';
+  text_ += quote(key);
+  text_ += ':';
+  text_ += json;
   return *this;
 }
 JsonObject& JsonObject::add(const std::string& key, std::uint64_t v) {

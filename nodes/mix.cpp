@@ -92,7 +92,8 @@ std::string inspect_mix(InArchive& ar, const InspectContext& ctx) {
       in.add("fresh", true);
     else
       in.add_raw("nodes", ctx.nested(load_entries(ar), inputs[k]));
-    list += (k ? "," : "") + in.str();
+    if (k != 0) list += ',';
+    list += in.str();
   }
   j.add_raw("inputs", list + "]");
   return j.str();

@@ -204,15 +204,18 @@ std::string inspect_file_source(InArchive& ar, const InspectContext& ctx) {
             .add_raw("ctime_ns", std::to_string(f.stat->ctime_ns));
       if (f.full) o.add("full_hash", hex64(*f.full));
       if (f.etag) o.add("etag", *f.etag);
-      files += (files.size() > 1 ? "," : "") + o.str();
+      if (files.size() > 1) files += ',';
+      files += o.str();
     }
     j.add_raw("files", files + "]");
   }
   if (s.epoch_files) {
     // The epoch continues over the files it started with (a change of the files within it).
     std::string files = "[";
-    for (const auto& f : s.epoch_files->files)
-      files += (files.size() > 1 ? "," : "") + JsonObject().add("name", f.name).str();
+    for (const auto& f : s.epoch_files->files) {
+      if (files.size() > 1) files += ',';
+      files += JsonObject().add("name", f.name).str();
+    }
     j.add("changed_at", s.changed_at).add_raw("epoch_files", files + "]");
   }
   return j.str();
