@@ -22,6 +22,7 @@
 #include "flowstate/config/inspect.h"
 #include "flowstate/core/error.h"
 #include "flowstate/graph/loader.h"
+#include "flowstate/graph/loader_runtime_parts.h"
 #include "tests/support/testing.h"
 
 // Test types live in a named namespace so their names in messages are stable.
@@ -283,9 +284,9 @@ TEST(FromRange, ResumableProducerDoesNotReplay) {
   // The producer went on from 500: the 500 values consumed were never produced again.
   EXPECT_EQ(fr_test::g_first_index.load(), 500u);
   // What it produced: the batch, the look-ahead and what the graph prepares ahead (the two
-  // messages in flight and one the input node holds, each of at most 32 cheap batches,
+  // messages in flight and one the input node holds, each of at most kGroupMax cheap batches,
   // graph/loader_runtime_parts.h).
-  EXPECT_LE(fr_test::g_next_calls.load(), 10u + 3 * 32 * 10);
+  EXPECT_LE(fr_test::g_next_calls.load(), 10u + 3 * loader_detail::kGroupMax * 10);
 }
 
 TEST(FromRange, TwoRestoresBeforeTheFirstBatchLeaveTheLastOnesPosition) {
@@ -413,8 +414,8 @@ TEST(StreamShuffle, RestoreReproducesAFewBuffersNotTheEpochPrefix) {
   ASSERT_TRUE(b);
   EXPECT_EQ(strings_of(*b), expected);
   // At most about four buffers re-produced, plus what the graph prepares ahead (three
-  // messages of at most 32 cheap batches of 10), never the 50 000 items consumed.
-  EXPECT_LT(fr_test::g_next_calls.load(), 400u + 3 * 32 * 10 + 100);
+  // messages of at most kGroupMax cheap batches of 10), never the 50 000 items consumed.
+  EXPECT_LT(fr_test::g_next_calls.load(), 400u + 3 * loader_detail::kGroupMax * 10 + 100);
 }
 
 TEST(StreamShuffle, InspectReadsItsState) {
@@ -896,11 +897,12 @@ TEST(FromRange, LoaderReleasesEveryValue) {
     most = std::max(most, node.load()->held());
   }
   EXPECT_EQ(batches, 750u);
-  // At most what is in flight: the look-ahead and a few groups of at most 32 cheap batches
-  // (graph/loader_runtime_parts.h) between the input node and the consumer — messages in
-  // flight, the one being assembled, the consumer's last refill; up to 936 values were seen
-  // on a loaded 2-core machine. A value never released would hold all 6 000 produced.
-  EXPECT_LE(most, 8u + 6 * 32 * 8);
+  // At most what is in flight: the look-ahead and a few groups of at most kGroupMax cheap
+  // batches (graph/loader_runtime_parts.h) between the input node and the consumer — messages
+  // in flight, the one being assembled, the consumer's last refill; up to 936 values were seen
+  // on a loaded 2-core machine with groups of 32. A value never released would hold all 6 000
+  // produced.
+  EXPECT_LE(most, 8u + 6 * loader_detail::kGroupMax * 8);
   EXPECT_EQ(node.load()->held(), 0u);
 }
 

@@ -592,8 +592,9 @@ TEST(FLOWSTATE_CUDA_SUITE, StreamHandoverNeverBlocksTheHost) {
                       .prefetch({.depth = 2})
                       .device_copy({.device = "cuda:0"})
                       .build(),
-                  // More batches than can be in flight at once (5 messages of at most 32
-                  // cheap batches, graph/loader_runtime_parts.h), so blocks are reused.
+                  // More batches than can be in flight at once (5 messages of at most
+                  // kGroupMax cheap batches, graph/loader_runtime_parts.h), so blocks are
+                  // reused.
                   {.epochs = 40});
     fake_cuda_clear_calls();
     while (auto b = loader.next(consumer.stream())) {
