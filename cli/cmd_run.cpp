@@ -149,15 +149,6 @@ std::optional<std::string> with_rank(const std::optional<std::string>& path, std
   return with_rank(*path, rank);
 }
 
-#ifdef FLOWSTATE_HAVE_MPI
-/// True when an MPI launcher started this process (mpirun, or a PMI/PMIx one).
-bool under_mpi_launcher() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
-    if (const char* s = std::getenv(v); s != nullptr && *s != '\0') return true;
-  return false;
-}
-#endif
-
 std::uint64_t batch_bytes(const Batch& b) {
   std::uint64_t n = 0;
   for (const auto& [id, t] : b.fields) n += t.nbytes();

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -64,5 +65,11 @@ std::shared_ptr<Coordinator> load_mpi_coordinator() {
 }
 
 void skip_mpi_finalize(Coordinator& coordinator) { module().skip(&coordinator); }
+
+bool under_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (const char* s = std::getenv(v); s != nullptr && *s != '\0') return true;
+  return false;
+}
 
 }  // namespace flowstate::cli

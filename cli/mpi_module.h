@@ -9,6 +9,9 @@
 
 namespace flowstate::cli {
 
+/// True when an MPI launcher started this process (mpirun, or a PMI/PMIx one).
+bool under_mpi_launcher();
+
 /// An MpiCoordinator (MPI initialised) from the module beside the command (build tree,
 /// FLOWSTATE_MPI_MODULE_NEXT_TO) or where it is installed (FLOWSTATE_MPI_MODULE_INSTALLED,
 /// relative to the command's directory). ConfigError naming the paths tried when it cannot be
