@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -54,6 +55,22 @@ class CliPlugin : public ::testing::Test {
 
   TempDir dir_;
 };
+
+TEST_F(CliPlugin, AProcessThatLoadedAPluginRunsTheLibrariesTeardown) {
+  // A plugin's statics are its author's: with one loaded, the command exits normally (without
+  // one it skips the teardown, tests/cli/startup_test.cpp), and the dynamic loader calls the
+  // libraries' destructors, the plugin's among them.
+  ::setenv("LD_DEBUG", "files", 1);
+  CliResult r = run({"--plugin", kPlugin, "schema"});
+  ::unsetenv("LD_DEBUG");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string name = fs::path(kPlugin).filename().string();
+  bool fini = false;
+  for (std::size_t at = r.err.find("calling fini"); at != std::string::npos && !fini;
+       at = r.err.find("calling fini", at + 1))
+    fini = r.err.substr(at, r.err.find('\n', at) - at).find(name) != std::string::npos;
+  EXPECT_TRUE(fini) << "no destructor of " << name << " was called:\n" << r.err;
+}
 
 TEST_F(CliPlugin, SchemaListsThePluginsNode) {
   CliResult r = run({"--plugin", kPlugin, "schema"});

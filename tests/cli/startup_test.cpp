@@ -1,10 +1,12 @@
 // What a `flowstate` process loads before it does anything: libcurl (and the ~35 libraries it
 // needs) only once a remote path is read (nodes/sources/curl_loader.cpp), Open MPI's libraries
-// only under an MPI launcher (cli/mpi_module.h). The dynamic loader says what it loads
-// (LD_DEBUG=files, on stderr).
+// only under an MPI launcher (cli/mpi_module.h); and how it ends: without the libraries' static
+// teardown unless a plugin, MPI or a sanitizer needs it (cli/main.cpp). The dynamic loader says
+// what it loads and which libraries' destructors it calls (LD_DEBUG=files, on stderr).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -44,6 +46,30 @@ TEST(Startup, LoadsLibcurlOnlyWhenARemotePathIsRead) {
   EXPECT_NE(remote.err.find("file=libcurl.so.4 [0];  dynamically loaded by"), std::string::npos)
       << remote.err;
   EXPECT_NE(remote.err.find("http://127.0.0.1:1/a.txt"), std::string::npos) << remote.err;
+}
+
+// A finished command ends the process without the libraries' destructors (no "calling fini"),
+// and its output is all there: every --digests line written through stdio reaches the file.
+TEST(Startup, EndsWithoutTheLibrariesTeardownAndLosesNoOutput) {
+  testing::TempDir dir;
+  testing::write_file(dir / "local.yaml",
+                      "source: {type: lines, paths: 'a.txt', format: text}\n"
+                      "nodes:\n  - batch: {size: 1}\n");
+  std::string lines;
+  for (int i = 0; i < 3000; ++i) lines += "line " + std::to_string(i) + "\n";
+  testing::write_file(dir / "a.txt", lines);
+  const auto r = run_logging_loads({"run", "local.yaml", "--digests", "-"}, dir.str());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("file=libtbb.so"), std::string::npos) << "no loader log:\n" << r.err;
+  EXPECT_NE(r.err.find("3000 batches"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 3000) << r.out.substr(0, 200);
+  EXPECT_NE(r.out.find("\n2999 0 2999 "), std::string::npos) << "the last batch's line is missing";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // The sanitizers report leaks and races at exit: the teardown runs.
+  EXPECT_NE(r.err.find("calling fini"), std::string::npos) << r.err;
+#else
+  EXPECT_EQ(r.err.find("calling fini"), std::string::npos) << r.err;
+#endif
 }
 
 #ifdef FLOWSTATE_MPI_MODULE
