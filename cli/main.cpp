@@ -77,6 +77,19 @@ int fail(int status, const std::string& message) {
   return status;
 }
 
+/// Whether a finished command may end the process without the libraries' static teardown.
+/// Where a destructor may still matter, no: a plugin's statics are its author's, MPI's
+/// libraries tear their job down at exit, and the sanitizers report leaks and races then.
+bool may_skip_teardown() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return false;
+#endif
+#ifdef FLOWSTATE_HAVE_MPI
+  if (under_mpi_launcher()) return false;
+#endif
+  return loaded_plugins().empty();
+}
+
 }  // namespace
 
 /// glibc's malloc serves blocks above its mmap threshold (128 kB at first, raised to the
@@ -161,26 +174,6 @@ int main(int argc, char** argv) {
   }
 }
 
-}  // namespace flowstate::cli
-
-namespace flowstate::cli {
-namespace {
-
-/// Whether a finished command may end the process without the libraries' static teardown.
-/// Where a destructor may still matter, no: a plugin's statics are its author's, MPI's
-/// libraries tear their job down at exit, and the sanitizers report leaks and races then.
-bool may_skip_teardown() {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return false;
-#else
-#ifdef FLOWSTATE_HAVE_MPI
-  if (under_mpi_launcher()) return false;
-#endif
-  return loaded_plugins().empty();
-#endif
-}
-
-}  // namespace
 }  // namespace flowstate::cli
 
 int main(int argc, char** argv) {
