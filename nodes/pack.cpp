@@ -360,6 +360,7 @@ std::size_t PackNode::pull(std::span<Ref> out) {
       // now, while this one is planned, instead of waiting for its line when it is taken.
       if (!spare_.empty()) __builtin_prefetch(spare_.back().get(), 1);
       made->segments.clear();  // a row given back unplanned (or released unowned) holds pieces
+      made->owners.clear();
     }
     Row& row = *made;
     struct Spare {  // a row not planned (the epoch ended) goes back
@@ -382,7 +383,14 @@ std::size_t PackNode::pull(std::span<Ref> out) {
         continue;
       }
       const std::uint64_t take = std::min(need, extent(carry_doc_) - state_.carry_at);
-      row.segments.push_back({carry_doc_, state_.carry_at, state_.carry_at + take});
+      const std::uint64_t end = state_.carry_at + take;  // index numel is the separator
+      const std::uint64_t body_end = std::min(end, carry_doc_.numel);
+      const std::uint64_t body = body_end > state_.carry_at ? body_end - state_.carry_at : 0;
+      row.segments.push_back({.data = carry_doc_.data + (state_.carry_at << dtype_shift_),
+                              .count = body,
+                              .separator = end > carry_doc_.numel});
+      if (carry_doc_.owner && (row.owners.empty() || row.owners.back() != carry_doc_.owner))
+        row.owners.push_back(carry_doc_.owner);
       state_.carry_at += take;
       need -= take;
       if (state_.carry_at == extent(carry_doc_)) {
@@ -395,7 +403,7 @@ std::size_t PackNode::pull(std::span<Ref> out) {
     if (need == options_.length) break;  // nothing left in this epoch
     if (need > 0) {
       if (options_.drop_remainder) break;
-      row.segments.push_back({Document(), 0, need, true});
+      row.segments.push_back({.count = need, .pad = true});
     }
     row.dtype = *dtype_;  // a row starts with tokens, so a document was seen
     const Ref ref{source_id_, static_cast<std::uint32_t>(state_.epoch), state_.rows++};
@@ -451,19 +459,18 @@ void PackNode::fill(const Row& row, std::byte* dst, std::int32_t* ids) const {
   std::size_t at = 0;
   std::int32_t doc = 0;
   for (const Segment& seg : row.segments) {
-    const std::uint64_t count = seg.end - seg.begin;
-    if (ids != nullptr) std::fill_n(ids + at, count, seg.pad ? -1 : doc++);
+    if (ids != nullptr)
+      std::fill_n(ids + at, seg.count + (seg.separator ? 1 : 0), seg.pad ? -1 : doc++);
     if (seg.pad) {
-      put(at, count, options_.pad);
-      at += count;
+      put(at, seg.count, options_.pad);
+      at += seg.count;
       continue;
     }
-    const std::uint64_t body_end = std::min(seg.end, seg.doc.numel);
-    if (body_end > seg.begin) {
-      std::memcpy(dst + at * es, seg.doc.data + seg.begin * es, (body_end - seg.begin) * es);
-      at += body_end - seg.begin;
+    if (seg.count > 0) {
+      std::memcpy(dst + at * es, seg.data, seg.count * es);
+      at += seg.count;
     }
-    if (seg.end > seg.doc.numel) {  // the separator closes this document
+    if (seg.separator) {  // the separator closes this document
       put(at, 1, options_.separator);
       at += 1;
     }
@@ -516,10 +523,9 @@ bool PackNode::gather(std::span<const Ref> refs, BufferPool& pool, Fields& field
   auto prefetch = [&](const Row& row) {
     const std::size_t es = dtype_size(row.dtype);
     for (const Segment& seg : row.segments) {
-      if (seg.pad || seg.doc.data == nullptr || seg.begin >= seg.doc.numel) continue;
-      const std::byte* p = seg.doc.data + seg.begin * es;
-      __builtin_prefetch(p);
-      if ((std::min(seg.end, seg.doc.numel) - seg.begin) * es > 64) __builtin_prefetch(p + 64);
+      if (seg.pad || seg.count == 0) continue;
+      __builtin_prefetch(seg.data);
+      if (seg.count * es > 64) __builtin_prefetch(seg.data + 64);
     }
   };
   prefetch(*rows.front());
@@ -543,8 +549,7 @@ void PackNode::release(std::span<const Ref> refs) const {
       auto it = find_slot(r);
       if (it == in_flight_.end()) continue;
       // Rows of views hold no memory: they go back at once, their pieces cleared when reused.
-      const auto& pieces = it->row->segments;
-      if (std::any_of(pieces.begin(), pieces.end(), [](const Segment& s) { return s.doc.owner; }))
+      if (!it->row->owners.empty())
         done.push_back(std::move(it->row));
       else
         free_rows_.push_back(std::move(it->row));
@@ -553,7 +558,7 @@ void PackNode::release(std::span<const Ref> refs) const {
   }
   if (done.empty()) return;
   // Outside the lock: dropping the pieces may free documents read in the spine.
-  for (auto& row : done) row->segments.clear();
+  for (auto& row : done) row->owners.clear();
   std::lock_guard lock(mu_);
   for (auto& row : done) free_rows_.push_back(std::move(row));
 }

@@ -174,16 +174,25 @@ class PackNode final : public StatefulSpineNode<PackState>, public RecordStore {
     const std::byte* data = nullptr;
     std::uint64_t numel = 0;
   };
-  /// A piece of a row: tokens [begin, end) of `doc`, where index `doc.numel` is the
-  /// separator; with `pad`, end - begin padding tokens.
+  /// A piece of a row, as the worker that fills the row needs it: `count` tokens at `data`,
+  /// then the separator when the piece closes its document (`separator`); with `pad`, `count`
+  /// padding tokens. 24 bytes, where a Document and the piece's bounds made 56: a row is
+  /// planned on the spine's core and read on a worker's, and its pieces cross between the
+  /// two cores' caches twice (read there, written here again when the row is reused), so
+  /// their lines are a cost per row (bench/RESULTS.md, issue 26).
   struct Segment {
-    Document doc;
-    std::uint64_t begin = 0, end = 0;
+    const std::byte* data = nullptr;
+    std::uint64_t count = 0;
+    bool separator = false;
     bool pad = false;
   };
+  static_assert(sizeof(Segment) == 24);
   struct Row {
     DType dtype = DType::kInt32;  ///< of its documents
     std::vector<Segment> segments;
+    /// The buffers of documents read in the spine that its pieces lie in (none for views,
+    /// whose memory is the store's): held until the row is released.
+    std::vector<std::shared_ptr<const Buffer>> owners;
   };
   /// Looks at (view) or reads a document's tokens, checking they are 1-D integers of the
   /// pack's dtype, and hands the Ref back to the upstream store.
