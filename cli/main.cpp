@@ -82,12 +82,14 @@ int fail(int status, const std::string& message) {
 /// libraries tear their job down at exit, and the sanitizers report leaks and races then.
 bool may_skip_teardown() {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return false;
+  constexpr bool kSanitized = true;
+#else
+  constexpr bool kSanitized = false;
 #endif
 #ifdef FLOWSTATE_HAVE_MPI
   if (under_mpi_launcher()) return false;
 #endif
-  return loaded_plugins().empty();
+  return !kSanitized && loaded_plugins().empty();
 }
 
 }  // namespace

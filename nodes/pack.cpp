@@ -383,12 +383,10 @@ std::size_t PackNode::pull(std::span<Ref> out) {
         continue;
       }
       const std::uint64_t take = std::min(need, extent(carry_doc_) - state_.carry_at);
-      const std::uint64_t end = state_.carry_at + take;  // index numel is the separator
-      const std::uint64_t body_end = std::min(end, carry_doc_.numel);
-      const std::uint64_t body = body_end > state_.carry_at ? body_end - state_.carry_at : 0;
+      // carry_at <= numel: index numel is the separator, taken last.
       row.segments.push_back({.data = carry_doc_.data + (state_.carry_at << dtype_shift_),
-                              .count = body,
-                              .separator = end > carry_doc_.numel});
+                              .count = std::min(take, carry_doc_.numel - state_.carry_at),
+                              .separator = state_.carry_at + take > carry_doc_.numel});
       if (carry_doc_.owner && (row.owners.empty() || row.owners.back() != carry_doc_.owner))
         row.owners.push_back(carry_doc_.owner);
       state_.carry_at += take;
